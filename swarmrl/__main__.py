@@ -1,0 +1,5 @@
+import sys
+
+from swarmrl.cli import main
+
+sys.exit(main())

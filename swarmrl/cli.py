@@ -1,0 +1,122 @@
+"""The `swarmrl` command: one subcommand per role. Thin: heavy imports happen per command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML run configuration (defaults when omitted)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=3e-4")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="swarmrl", description="Decentralized asynchronous RL for language models."
+    )
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("rl", help="run the whole swarm locally (trainer + workers)")
+    _common(p)
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the newest complete version"
+    )
+    p.add_argument(
+        "--fresh", action="store_true", help="delete an existing run directory of this name first"
+    )
+    p = sub.add_parser("trainer", help="run the GRPO trainer process")
+    _common(p)
+    p.add_argument("--resume", action="store_true")
+    p = sub.add_parser("worker", help="run one inference worker process")
+    _common(p)
+    p.add_argument("--index", type=int, default=0, help="worker number (for logs)")
+    p = sub.add_parser("init-model", help="build and warm-start the tiny built-in model")
+    p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--sft-steps", type=int, default=None, help="warm-start steps (task default)")
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("eval", help="greedy accuracy and mean reward on held-out problems")
+    p.add_argument("--model", required=True, help="HF directory, .gguf file, or 'smollm2'")
+    p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--digits", type=int, default=3, help="addition: digits per operand")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    sub.add_parser("config-docs", help="print the configuration reference (docs/config.md)")
+    return ap
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from swarmrl.config import ConfigError, TaskConfig, config_docs, load_config
+
+    try:
+        if args.command == "config-docs":
+            print(config_docs())
+            return 0
+        if args.command == "init-model":
+            _setup_logging()
+            from swarmrl.models.tiny import init_model
+
+            steps = (
+                args.sft_steps
+                if args.sft_steps is not None
+                else {"reverse_text": 300, "addition": 600}[args.task]
+            )
+            init_model(TaskConfig(name=args.task), args.out, sft_steps=steps, seed=args.seed)
+            return 0
+        if args.command == "eval":
+            from swarmrl.evaluate import evaluate
+
+            max_new = args.max_new_tokens or (16 if args.task == "reverse_text" else 24)
+            res = evaluate(
+                args.model,
+                TaskConfig(name=args.task, digits=args.digits),
+                args.n,
+                max_new,
+                threads=args.threads,
+            )
+            if args.json:
+                print(json.dumps(res))
+            else:
+                print(
+                    f"{res['model']} on {res['task']} (n={res['n']}): accuracy {res['accuracy']:.3f}, mean reward {res['mean_reward']:.3f} ({res['seconds']:.1f}s)"
+                )
+            return 0
+        cfg = load_config(args.config, args.overrides)
+        if args.command == "rl":
+            from swarmrl.launcher import LaunchError, launch
+
+            try:
+                return launch(cfg, args.config, args.overrides, args.resume, args.fresh)
+            except LaunchError as e:
+                print(f"swarmrl: {e}", file=sys.stderr)
+                return 2
+        _setup_logging()
+        if args.command == "trainer":
+            from swarmrl.trainer.loop import run_trainer
+
+            run_trainer(cfg, resume=args.resume)
+        elif args.command == "worker":
+            from swarmrl.inference.worker import run_worker
+
+            run_worker(cfg, args.index)
+        return 0
+    except ConfigError as e:
+        print(f"swarmrl: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""DiLoCo across trainer sites: not built yet."""

@@ -1,0 +1,271 @@
+"""`swarmrl rl`: the whole swarm on one machine, one process per role.
+
+The launcher starts the trainer and N workers as separate processes (each in
+its own session, each told to die with the launcher through PDEATHSIG), with
+torch threads set per process so they share the cores, and one log file per
+process under runs/<name>/logs/. It shows progress from metrics.jsonl.
+
+Failure policy:
+- the trainer exits non-zero, or a worker keeps dying: every process is
+  stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits
+  non-zero naming the failing process and showing the end of its log;
+- a worker that dies is restarted, up to `launcher.max_worker_restarts`
+  times: losing a worker must not stop the swarm (its unfinished file is
+  simply never uploaded);
+- Ctrl-C stops everything cleanly; `--resume` continues from the newest
+  complete version.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarmrl.config import RunConfig
+from swarmrl.report import read_metrics
+
+log = logging.getLogger("swarmrl.launcher")
+GRACE_S = 10.0
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: no parent-death signal; stop() still kills the group
+        pass
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log_path: Path
+    threads: int
+    popen: subprocess.Popen | None = None
+    restarts: int = 0
+    logf: object = field(default=None, repr=False)
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(self.threads)
+        env["PYTHONUNBUFFERED"] = "1"
+        self.logf = open(self.log_path, "ab")
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=self.logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    def poll(self) -> int | None:
+        return self.popen.poll() if self.popen else None
+
+    def signal(self, sig: int) -> None:
+        if self.popen and self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _fmt_s(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+class Progress:
+    """One status line: a rewritten line on a terminal, a line per step otherwise."""
+
+    def __init__(self, cfg: RunConfig, metrics: Path):
+        self.cfg = cfg
+        self.metrics = metrics
+        self.tty = sys.stdout.isatty()
+        self.shown = 0
+        self.t0 = time.time()
+        self.first_step: int | None = None
+
+    def update(self, alive_workers: int) -> None:
+        rows = read_metrics(self.metrics)
+        if not rows or rows[-1]["step"] == self.shown:
+            return
+        last = rows[-1]
+        if self.first_step is None:
+            self.first_step = last["step"]
+        done_here = last["step"] - self.first_step + 1
+        per_step = (time.time() - self.t0) / max(done_here, 1)
+        eta = per_step * (self.cfg.trainer.steps - last["step"])
+        samples_s = sum(r["samples"] for r in rows) / max(last["elapsed_s"], 1e-9)
+        rejected = sum(r["rejected_files"] for r in rows)
+        line = (
+            f"step {last['step']}/{self.cfg.trainer.steps} | reward {last['reward']:.3f} "
+            f"(first {rows[0]['reward']:.3f}) | staleness {last['staleness']:.2f} | "
+            f"{samples_s:.0f} samples/s | workers {alive_workers}/{self.cfg.launcher.workers} | "
+            f"rejected {rejected} | ETA {_fmt_s(eta)}"
+        )
+        self.shown = last["step"]
+        if self.tty:
+            print("\r" + line.ljust(120), end="", flush=True)
+        else:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print(flush=True)
+
+
+def prepare_run_dir(cfg: RunConfig, resume: bool, fresh: bool) -> Path:
+    run = cfg.run_dir
+    if run.exists() and any(run.iterdir()):
+        if fresh:
+            shutil.rmtree(run)
+        elif not resume:
+            raise LaunchError(
+                f"run directory {run} already exists: pass --resume to continue it, "
+                f"--fresh to delete it, or choose another name with name=..."
+            )
+    (run / "logs").mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def launch(
+    cfg: RunConfig, config_path: str | None, overrides: list[str], resume: bool, fresh: bool
+) -> int:
+    from swarmrl.models.loading import resolve_model_path
+
+    resolve_model_path(cfg.model.path)  # fail before starting anything
+    run = prepare_run_dir(cfg, resume, fresh)
+    base = [sys.executable, "-m", "swarmrl"]
+    cfg_args = (["--config", config_path] if config_path else []) + list(overrides)
+    trainer = Proc(
+        "trainer",
+        base + ["trainer", *cfg_args] + (["--resume"] if resume else []),
+        run / "logs" / "trainer.log",
+        cfg.trainer.threads,
+    )
+    workers = [
+        Proc(
+            f"worker-{i}",
+            base + ["worker", "--index", str(i), *cfg_args],
+            run / "logs" / f"worker-{i}.log",
+            cfg.worker.threads,
+        )
+        for i in range(cfg.launcher.workers)
+    ]
+    procs = [trainer, *workers]
+    stop_requested = {"sig": None}
+
+    def on_signal(signum, _frame):
+        stop_requested["sig"] = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    progress = Progress(cfg, run / "metrics.jsonl")
+    print(
+        f"swarmrl: run '{cfg.name}' in {run}: trainer + {len(workers)} workers; logs in {run / 'logs'}",
+        flush=True,
+    )
+    for p in procs:
+        p.start()
+    code = 0
+    try:
+        while True:
+            time.sleep(min(cfg.launcher.progress_s, 0.5))
+            if stop_requested["sig"] is not None:
+                progress.close()
+                print("swarmrl: interrupted; stopping all processes", flush=True)
+                code = 130
+                break
+            rc = trainer.poll()
+            if rc is not None:
+                progress.update(sum(w.poll() is None for w in workers))
+                progress.close()
+                if rc != 0:
+                    print(
+                        f"swarmrl: process 'trainer' failed with exit code {rc}; last lines of {trainer.log_path}:\n{_tail(trainer.log_path)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    code = 1
+                break
+            failed = None
+            for w in workers:
+                wrc = w.poll()
+                if wrc is None or wrc == 0:  # 0: the trainer said the run is done
+                    continue
+                if w.restarts >= cfg.launcher.max_worker_restarts:
+                    failed = (w, wrc)
+                    break
+                w.restarts += 1
+                print(
+                    f"\nswarmrl: process '{w.name}' exited with code {wrc}; restarting ({w.restarts}/{cfg.launcher.max_worker_restarts})",
+                    flush=True,
+                )
+                w.start()
+            if failed:
+                w, wrc = failed
+                progress.close()
+                print(
+                    f"swarmrl: process '{w.name}' failed with exit code {wrc} after {w.restarts} restarts; last lines of {w.log_path}:\n{_tail(w.log_path)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                code = 1
+                break
+            progress.update(sum(w.poll() is None for w in workers))
+    finally:
+        _stop_all(procs, graceful=code == 0)
+        for s, h in old.items():
+            signal.signal(s, h)
+    if code == 0:
+        rows = read_metrics(run / "metrics.jsonl")
+        if rows:
+            k = min(5, len(rows))
+            first = sum(r["reward"] for r in rows[:k]) / k
+            last = sum(r["reward"] for r in rows[-k:]) / k
+            print(
+                f"swarmrl: done in {rows[-1]['elapsed_s']:.0f}s: mean reward first {k} steps {first:.3f}, last {k} steps {last:.3f} ({last - first:+.3f})"
+            )
+        print(
+            f"swarmrl: metrics {run / 'metrics.jsonl'}, plot {run / 'report.png'}, model {run / 'final'}"
+        )
+    return code
+
+
+def _stop_all(procs: list[Proc], graceful: bool) -> None:
+    if graceful:  # workers exit by themselves once the trainer reports done
+        deadline = time.time() + GRACE_S
+        while time.time() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    deadline = time.time() + GRACE_S
+    while time.time() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    for p in procs:
+        p.signal(signal.SIGKILL)
+        if p.popen:
+            p.popen.wait()
+        if p.logf:
+            p.logf.close()

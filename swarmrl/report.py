@@ -1,0 +1,43 @@
+"""`report.png`: reward, loss and staleness against step, from metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def write_report(metrics_path: Path, out: Path) -> Path | None:
+    rows = read_metrics(metrics_path)
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].plot(steps, [r["reward"] for r in rows], label="reward")
+    axes[0].plot(steps, [r["task_reward"] for r in rows], label="task reward", alpha=0.7)
+    axes[0].set_title("reward")
+    axes[0].legend()
+    axes[1].plot(steps, [r["loss"] for r in rows], color="tab:red")
+    axes[1].set_title("loss")
+    axes[2].plot(steps, [r["staleness"] for r in rows], color="tab:green")
+    axes[2].set_title("staleness (steps)")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        f"{Path(metrics_path).parent.name}: {len(rows)} steps, {rows[-1]['elapsed_s']:.0f}s"
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,71 @@
+"""Policy versions in a local directory: `<root>/step_<n>/` (the embedded default).
+
+The trainer writes the HF files of version n into `step_<n>/`, then the
+manifest (last, atomic). Readers consider only directories with a manifest.
+Retention keeps the newest `keep` versions and deletes older ones; a reader that
+loses a race with deletion gets FileNotFoundError and looks again.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from swarmrl.shardcast.manifest import MANIFEST, Manifest, verify_version, write_manifest
+
+_VERSION_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+def version_dir_name(version: int) -> str:
+    return f"step_{version:06d}"
+
+
+class LocalWeights:
+    """WeightsSink and WeightsSource over a directory."""
+
+    def __init__(self, root: Path, keep: int = 3):
+        self.root = Path(root)
+        self.keep = keep
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # -- sink -------------------------------------------------------------
+    def staging_dir(self, version: int) -> Path:
+        d = self.root / version_dir_name(version)
+        if (d / MANIFEST).exists():
+            raise FileExistsError(f"version {version} is already published at {d}")
+        if d.exists():  # a half-written version from a crashed trainer: redo it
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        return d
+
+    def publish(self, version: int) -> Manifest:
+        manifest = write_manifest(self.root / version_dir_name(version), version)
+        self._retain()
+        return manifest
+
+    def _retain(self) -> None:
+        versions = self.versions()
+        for v in versions[: max(0, len(versions) - self.keep)]:
+            shutil.rmtree(self.root / version_dir_name(v), ignore_errors=True)
+
+    # -- source -----------------------------------------------------------
+    def versions(self) -> list[int]:
+        out = []
+        for d in self.root.iterdir():
+            m = _VERSION_DIR.match(d.name)
+            if m and (d / MANIFEST).exists():
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def newest(self) -> int | None:
+        v = self.versions()
+        return v[-1] if v else None
+
+    def path(self, version: int) -> Path:
+        return self.root / version_dir_name(version)
+
+    def open_verified(self, version: int) -> Path:
+        d = self.path(version)
+        verify_version(d)
+        return d

@@ -1,0 +1,1 @@
+"""Tasks: the task record, generated datasets, verifiers and length rewards."""

@@ -1,0 +1,52 @@
+"""Verifiers: score a completion against a task, keyed by task_type.
+
+Each verifier returns a task reward in [0, 1]. `reverse_text` is graded
+(similarity), `addition` is exact: the last integer in the completion must be
+the sum. Taking the last integer lets chat models that answer "The answer is
+579." be scored too; a completion listing many numbers is still scored on its
+last one only, which is the documented rule, not a loophole worth more than 0.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+
+from swarmrl.tasks.schema import Task
+
+Verifier = Callable[[Task, str], float]
+
+
+def score_reverse_text(task: Task, completion: str) -> float:
+    target = str(task.verification_info["answer"])
+    got = completion.strip()
+    if not got and not target:
+        return 1.0
+    return difflib.SequenceMatcher(None, got, target, autojunk=False).ratio()
+
+
+_INT = re.compile(r"-?\d[\d,]*")
+
+
+def score_addition(task: Task, completion: str) -> float:
+    found = _INT.findall(completion)
+    if not found:
+        return 0.0
+    return 1.0 if found[-1].replace(",", "") == str(task.verification_info["answer"]) else 0.0
+
+
+VERIFIERS: dict[str, Verifier] = {
+    "reverse_text": score_reverse_text,
+    "addition": score_addition,
+}
+
+
+def verify(task: Task, completion: str) -> float:
+    try:
+        verifier = VERIFIERS[task.task_type]
+    except KeyError:
+        raise KeyError(
+            f"no verifier for task_type '{task.task_type}' (known: {sorted(VERIFIERS)})"
+        ) from None
+    return verifier(task, completion)

@@ -1,0 +1,1 @@
+"""The GRPO trainer: loss, advantages, batch collection, the loop, checkpoints."""

@@ -1,0 +1,130 @@
+"""Collecting a training batch from the rollout store.
+
+For step n the collector takes rollout files in arrival order and
+- discards files whose policy version is older than n − async_level (stale),
+- rejects files that fail validation (moved under `rejected/` with a
+  `.reason.txt` beside them, logged, counted; the run goes on),
+- drops groups whose rewards are all equal (zero advantage: online filtering),
+- recomputes advantages from the rewards itself,
+until it holds `need_groups` groups. Whole files are taken, so a batch may
+exceed the target by less than one file's groups. Consumed keys are returned
+so the trainer deletes them only once the step's version is published: a crash
+before that leaves them in the store for the resumed step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from swarmrl.inference.rollouts import Limits, RolloutFileError, read_rollouts
+from swarmrl.protocol.assign import parse_rollout_key
+from swarmrl.trainer.advantages import group_advantages, has_signal
+
+log = logging.getLogger("swarmrl.trainer")
+
+
+@dataclass
+class Sample:
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    advantage: float
+    reward: float
+    task_reward: float
+    length_penalty: float
+    policy_step: int
+
+
+@dataclass
+class Batch:
+    samples: list[Sample] = field(default_factory=list)
+    groups: int = 0
+    consumed: list[str] = field(default_factory=list)
+    accepted_files: int = 0
+    rejected_files: int = 0
+    stale_files: int = 0
+    dropped_groups: int = 0
+    wait_s: float = 0.0
+
+
+class BatchCollector:
+    def __init__(self, store, limits: Limits, async_level: int, poll_s: float):
+        self.store = store
+        self.limits = limits
+        self.async_level = async_level
+        self.poll_s = poll_s
+
+    def reject(self, key: str, data: bytes | None, reason: str) -> None:
+        name = key.replace("/", "__")
+        if data is not None:
+            self.store.put(f"rejected/{name}", data)
+        self.store.put(f"rejected/{name}.reason.txt", reason.encode())
+        self.store.delete(key)
+        log.warning("rejected %s: %s", key, reason)
+
+    def collect(
+        self, step: int, need_groups: int, should_stop: Callable[[], bool] = lambda: False
+    ) -> Batch:
+        batch = Batch()
+        t0 = time.time()
+        while batch.groups < need_groups:
+            keys = [k for k in self.store.list("rollouts") if k not in batch.consumed]
+            if not keys:
+                if should_stop():
+                    raise InterruptedError("stopped while waiting for rollouts")
+                time.sleep(self.poll_s)
+                continue
+            for key in keys:
+                if batch.groups >= need_groups:
+                    break
+                self._take(key, step, batch)
+        batch.wait_s = time.time() - t0
+        return batch
+
+    def _take(self, key: str, step: int, batch: Batch) -> None:
+        info = parse_rollout_key(key)
+        if info is None:
+            self.reject(key, self.store.get(key), "unrecognised rollout key")
+            batch.rejected_files += 1
+            return
+        if info["policy"] < step - self.async_level:
+            self.store.delete(key)
+            batch.stale_files += 1
+            log.info(
+                "discarded stale %s (policy %d < %d)", key, info["policy"], step - self.async_level
+            )
+            return
+        data = self.store.get(key)
+        try:
+            rows = read_rollouts(data, self.limits)
+            if any(r["policy_step"] != info["policy"] for r in rows):
+                raise RolloutFileError("policy_step column disagrees with the file's key")
+        except RolloutFileError as e:
+            self.reject(key, data, str(e))
+            batch.rejected_files += 1
+            return
+        batch.accepted_files += 1
+        batch.consumed.append(key)
+        by_group: dict[int, list[dict]] = {}
+        for r in rows:
+            by_group.setdefault(r["group"], []).append(r)
+        for group_rows in by_group.values():
+            rewards = [r["reward"] for r in group_rows]
+            if not has_signal(rewards):
+                batch.dropped_groups += 1
+                continue
+            batch.groups += 1
+            for r, adv in zip(group_rows, group_advantages(rewards), strict=True):
+                batch.samples.append(
+                    Sample(
+                        prompt_tokens=r["prompt_tokens"],
+                        completion_tokens=r["completion_tokens"],
+                        advantage=adv,
+                        reward=r["reward"],
+                        task_reward=r["task_reward"],
+                        length_penalty=r["length_penalty"],
+                        policy_step=r["policy_step"],
+                    )
+                )

@@ -1,0 +1,194 @@
+"""The trainer process: collect, update, publish, repeat.
+
+Order of writes for step n, chosen so a crash anywhere loses and repeats
+nothing:
+1. status says "collecting n"; the batch is collected;
+2. status says "collecting n+1" (workers start on the next step while this
+   one trains: this is where inference and training overlap);
+3. update; append the metrics row for n;
+4. save trainer state n (optimizer, consumed rollout keys, elapsed time);
+5. publish version n (manifest last) — the commit point;
+6. delete the consumed rollout files.
+Resume (`--resume`) starts after the newest version v that has a trainer
+state: it truncates metrics rows past v, deletes rollout files that v already
+consumed, and restores the optimizer, so step v+1 is neither lost nor repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from swarmrl.config import RunConfig
+from swarmrl.inference.rollouts import Limits
+from swarmrl.inference.worker import run_paths
+from swarmrl.models.loading import load_model, load_tokenizer
+from swarmrl.protocol.store import LocalDirStore
+from swarmrl.shardcast.local import LocalWeights
+from swarmrl.shardcast.manifest import write_json_atomic
+from swarmrl.trainer.batch import BatchCollector
+from swarmrl.trainer.step import grpo_update
+
+log = logging.getLogger("swarmrl.trainer")
+
+
+def _state_path(paths: dict, step: int) -> Path:
+    return paths["trainer_state"] / f"step_{step:06d}.pt"
+
+
+def _write_status(paths: dict, step: int, done: bool = False) -> None:
+    write_json_atomic(paths["status"], {"step": step, "done": done, "time": time.time()})
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    if not path.exists():
+        return
+    keep = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] <= last_step
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.replace(path)
+
+
+def _publish(weights: LocalWeights, model, tokenizer, version: int) -> None:
+    d = weights.staging_dir(version)
+    model.save_pretrained(d, safe_serialization=True)
+    tokenizer.save_pretrained(d)
+    weights.publish(version)
+
+
+def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
+    torch.set_num_threads(cfg.trainer.threads)
+    torch.manual_seed(cfg.seed)
+    paths = run_paths(cfg)
+    paths["trainer_state"].mkdir(parents=True, exist_ok=True)
+    weights = LocalWeights(paths["weights"], keep=cfg.async_level + 1)
+    store = LocalDirStore(paths["store"])
+    tokenizer = load_tokenizer(cfg.model.path)
+    pad_id = tokenizer.pad_token_id
+
+    start, elapsed0, opt_state = 1, 0.0, None
+    resumable = [v for v in weights.versions() if v == 0 or _state_path(paths, v).exists()]
+    if resume and resumable:
+        v = resumable[-1]
+        model = load_model(str(weights.open_verified(v)), cfg.model.dtype)
+        if v > 0:
+            state = torch.load(_state_path(paths, v), weights_only=False)
+            opt_state, elapsed0 = state["optimizer"], state["elapsed_s"]
+            for key in state["consumed"]:
+                store.delete(key)
+        start = v + 1
+        _truncate_metrics(paths["metrics"], v)
+        log.info("resuming after version %d", v)
+    else:
+        if resume:
+            log.info("--resume given but no complete version exists; starting fresh")
+        model = load_model(cfg.model.path, cfg.model.dtype)
+        paths["metrics"].unlink(missing_ok=True)
+        if 0 not in weights.versions():
+            _publish(weights, model, tokenizer, 0)
+    ref_model = None
+    if cfg.trainer.kl_coef > 0:
+        ref_model = load_model(cfg.model.path, cfg.model.dtype)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.trainer.lr,
+        betas=cfg.trainer.betas,
+        weight_decay=cfg.trainer.weight_decay,
+    )
+    if opt_state is not None:
+        optimizer.load_state_dict(opt_state)
+    budget = (
+        cfg.trainer.token_budget
+        or cfg.trainer.batch_groups * cfg.worker.group_size * cfg.sampling.max_new_tokens
+    )
+    limits = Limits(
+        max_completion_tokens=cfg.sampling.max_new_tokens,
+        group_size=cfg.worker.group_size,
+    )
+    collector = BatchCollector(store, limits, cfg.async_level, cfg.trainer.poll_s)
+    t_start = time.time() - elapsed0
+
+    for step in range(start, cfg.trainer.steps + 1):
+        _write_status(paths, step)
+        batch = collector.collect(step, cfg.trainer.batch_groups)
+        _write_status(paths, step + 1)
+        t0 = time.time()
+        model.train()
+        stats = grpo_update(model, ref_model, optimizer, batch.samples, cfg.trainer, budget, pad_id)
+        train_s = time.time() - t0
+        n = len(batch.samples)
+        seq_tokens = sum(len(s.prompt_tokens) + len(s.completion_tokens) for s in batch.samples)
+        row = {
+            "step": step,
+            "reward": sum(s.reward for s in batch.samples) / n,
+            "task_reward": sum(s.task_reward for s in batch.samples) / n,
+            "length_penalty": sum(s.length_penalty for s in batch.samples) / n,
+            "loss": stats.loss,
+            "grad_norm": stats.grad_norm,
+            "clip_fraction": stats.clip_fraction,
+            "entropy": stats.entropy,
+            "kl": stats.kl,
+            "staleness": sum(step - s.policy_step for s in batch.samples) / n,
+            "samples": n,
+            "groups": batch.groups,
+            "completion_tokens": stats.tokens,
+            "tokens_per_s": seq_tokens / max(train_s, 1e-9),
+            "accepted_files": batch.accepted_files,
+            "rejected_files": batch.rejected_files,
+            "stale_files": batch.stale_files,
+            "dropped_groups": batch.dropped_groups,
+            "wait_s": batch.wait_s,
+            "train_s": train_s,
+            "elapsed_s": time.time() - t_start,
+        }
+        with open(paths["metrics"], "a") as f:
+            f.write(json.dumps(row) + "\n")
+        state_file = _state_path(paths, step)
+        tmp = state_file.with_suffix(".tmp")
+        torch.save(
+            {
+                "step": step,
+                "optimizer": optimizer.state_dict(),
+                "consumed": batch.consumed,
+                "elapsed_s": row["elapsed_s"],
+            },
+            tmp,
+        )
+        tmp.replace(state_file)
+        _publish(weights, model, tokenizer, step)
+        for key in batch.consumed:
+            store.delete(key)
+        for old in paths["trainer_state"].glob("step_*.pt"):
+            if int(old.stem.split("_")[1]) < step - cfg.async_level:
+                old.unlink(missing_ok=True)
+        log.info(
+            "step %d reward %.3f loss %.4f grad %.3f staleness %.2f samples %d dropped %d wait %.1fs train %.1fs",
+            step,
+            row["reward"],
+            row["loss"],
+            row["grad_norm"],
+            row["staleness"],
+            n,
+            batch.dropped_groups,
+            batch.wait_s,
+            train_s,
+        )
+
+    final = paths["run"] / "final"
+    if final.exists():
+        shutil.rmtree(final)
+    shutil.copytree(weights.path(weights.newest()), final)
+    _write_status(paths, cfg.trainer.steps + 1, done=True)
+    from swarmrl.report import write_report
+
+    write_report(paths["metrics"], paths["run"] / "report.png")
+    log.info("done: final model in %s", final)

@@ -1,0 +1,142 @@
+"""One GRPO update on a collected batch.
+
+1. Old log-probs are recomputed with the current weights (the policy before
+   this step's update), in micro-batches, without gradient.
+2. The batch is split into `optimizer_steps` mini-batches; each is one
+   optimizer step, accumulated over micro-batches, with the loss divided by
+   the constant token budget (per mini-batch: budget / optimizer_steps).
+3. Gradients are clipped by global norm.
+Sequences are right-padded; the logits at positions len(prompt)−1 …
+len(prompt)+len(completion)−2 score the completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from swarmrl.config import TrainerConfig
+from swarmrl.trainer.batch import Sample
+from swarmrl.trainer.loss import grpo_loss
+
+
+@dataclass
+class StepStats:
+    loss: float
+    grad_norm: float
+    clip_fraction: float
+    entropy: float
+    kl: float
+    tokens: int
+
+
+def _pack(samples: list[Sample], pad_id: int):
+    seqs = [s.prompt_tokens + s.completion_tokens for s in samples]
+    width = max(len(x) for x in seqs)
+    comp_width = max(len(s.completion_tokens) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(samples), width), dtype=torch.long)
+    # index of the logit that predicts each completion token
+    gather = torch.zeros((len(samples), comp_width), dtype=torch.long)
+    mask = torch.zeros((len(samples), comp_width), dtype=torch.bool)
+    for i, (s, x) in enumerate(zip(samples, seqs, strict=True)):
+        ids[i, : len(x)] = torch.tensor(x)
+        attn[i, : len(x)] = 1
+        n, p = len(s.completion_tokens), len(s.prompt_tokens)
+        gather[i, :n] = torch.arange(p - 1, p - 1 + n)
+        mask[i, :n] = True
+    targets = torch.zeros((len(samples), comp_width), dtype=torch.long)
+    for i, s in enumerate(samples):
+        targets[i, : len(s.completion_tokens)] = torch.tensor(s.completion_tokens)
+    return ids, attn, gather, targets, mask
+
+
+def token_logprobs(model, samples: list[Sample], pad_id: int, with_entropy: bool = False):
+    ids, attn, gather, targets, mask = _pack(samples, pad_id)
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    idx = gather[:, :, None].expand(-1, -1, logits.shape[-1])
+    picked = torch.gather(logits, 1, idx).float()  # [B, T, V] at completion positions
+    logp_all = torch.log_softmax(picked, dim=-1)
+    logp = logp_all.gather(-1, targets[:, :, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logp, entropy, mask
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def grpo_update(
+    model,
+    ref_model,
+    optimizer,
+    samples: list[Sample],
+    cfg: TrainerConfig,
+    token_budget: float,
+    pad_id: int,
+) -> StepStats:
+    micro = cfg.micro_batch
+    model.eval()  # no dropout in these models; eval keeps old/new log-probs comparable
+    with torch.no_grad():
+        old = [token_logprobs(model, mb, pad_id)[0] for mb in _chunks(samples, micro)]
+        ref = (
+            [token_logprobs(ref_model, mb, pad_id)[0] for mb in _chunks(samples, micro)]
+            if ref_model is not None
+            else None
+        )
+    order = list(range(len(samples)))
+    n_mini = min(cfg.optimizer_steps, len(samples))
+    mini_size = -(-len(samples) // n_mini)
+    loss_sum = clipped = tokens = ent = kl = 0.0
+    norms = []
+    for m in range(n_mini):
+        optimizer.zero_grad(set_to_none=True)
+        mini = order[m * mini_size : (m + 1) * mini_size]
+        for start in range(0, len(mini), micro):
+            idx = mini[start : start + micro]
+            mb = [samples[i] for i in idx]
+            # old/ref log-probs were computed per micro-batch of the full order; slice them out
+            old_mb = _select(old, idx, micro)
+            ref_mb = _select(ref, idx, micro) if ref is not None else None
+            logp, entropy, mask = token_logprobs(model, mb, pad_id, with_entropy=True)
+            adv = torch.tensor([s.advantage for s in mb], dtype=logp.dtype)[:, None]
+            out = grpo_loss(
+                logp,
+                old_mb[:, : logp.shape[1]],
+                adv,
+                mask,
+                token_budget / n_mini,
+                epsilon=cfg.epsilon,
+                delta=cfg.delta,
+                entropy=entropy,
+                entropy_coef=cfg.entropy_coef,
+                ref_logp=None if ref_mb is None else ref_mb[:, : logp.shape[1]],
+                kl_coef=cfg.kl_coef,
+            )
+            out.loss.backward()
+            loss_sum += float(out.loss.detach())
+            clipped += out.clipped_tokens
+            tokens += out.tokens
+            ent += out.entropy_sum
+            kl += out.kl_sum
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
+        optimizer.step()
+    return StepStats(
+        loss=loss_sum,
+        grad_norm=sum(norms) / len(norms),
+        clip_fraction=clipped / max(tokens, 1.0),
+        entropy=ent / max(tokens, 1.0),
+        kl=kl / max(tokens, 1.0),
+        tokens=int(tokens),
+    )
+
+
+def _select(chunks: list[torch.Tensor], idx: list[int], micro: int) -> torch.Tensor:
+    """Rows `idx` of the concatenation of per-micro-batch tensors (padded to one width)."""
+    width = max(c.shape[1] for c in chunks)
+    rows = []
+    for i in idx:
+        c = chunks[i // micro][i % micro]
+        rows.append(torch.nn.functional.pad(c, (0, width - c.shape[0])))
+    return torch.stack(rows)

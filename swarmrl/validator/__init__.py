@@ -1,0 +1,1 @@
+"""The validation loop: not built yet (issue 4)."""

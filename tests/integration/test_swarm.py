@@ -1,0 +1,96 @@
+"""Real swarms on loopback: trainer and workers as separate processes, tiny model, CPU."""
+
+from __future__ import annotations
+
+import subprocess
+
+from swarmrl.models.loading import load_model
+from tests.integration.conftest import kill, pid_of, read_metrics, swarm_cmd, wait_for
+
+
+def _steps(rows):
+    return [r["step"] for r in rows]
+
+
+def test_swarm_learns(tiny_model, tmp_path):
+    steps = 30
+    res = subprocess.run(
+        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = tmp_path / "runs" / "tiny"
+    rows = read_metrics(run)
+    assert _steps(rows) == list(range(1, steps + 1))
+    first = sum(r["reward"] for r in rows[:5]) / 5
+    last = sum(r["reward"] for r in rows[-5:]) / 5
+    assert last > first + 0.1, f"reward did not rise: first 5 steps {first:.3f}, last 5 {last:.3f}"
+    assert all(r["staleness"] <= 2 for r in rows)
+    assert (run / "report.png").stat().st_size > 10_000
+    model = load_model(str(run / "final"))
+    assert model.config.model_type == "llama"
+    for name in ("trainer.log", "worker-0.log", "worker-1.log"):
+        assert (run / "logs" / name).stat().st_size > 0
+
+
+def test_trainer_killed_then_resumed_loses_and_repeats_nothing(tiny_model, tmp_path):
+    steps = 8
+    run = tmp_path / "runs" / "tiny"
+    proc = subprocess.Popen(
+        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: len(read_metrics(run)) >= 3, 300, "step 3", proc)
+        kill(wait_for(lambda: pid_of(run, "trainer"), 10, "trainer pid"))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "process 'trainer' failed" in err
+    assert pid_of(run, "worker") is None, "workers were left running"
+    done_before = len(read_metrics(run))
+    assert 3 <= done_before < steps
+    res = subprocess.run(
+        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}", resume=True),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _steps(read_metrics(run)) == list(range(1, steps + 1))  # none lost, none repeated
+    assert "resuming after version" in (run / "logs" / "trainer.log").read_text()
+
+
+def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
+    steps = 8
+    run = tmp_path / "runs" / "tiny"
+    proc = subprocess.Popen(
+        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: len(read_metrics(run)) >= 2, 300, "step 2", proc)
+        bad = run / "store" / "rollouts" / "step_000003" / f"{'ab' * 16}-1-p000002-g8.parquet"
+        bad.parent.mkdir(parents=True, exist_ok=True)
+        bad.write_bytes(b"PAR1 this is not a parquet file")
+        kill(wait_for(lambda: pid_of(run, "worker"), 10, "a worker pid"))
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    rows = read_metrics(run)
+    assert _steps(rows) == list(range(1, steps + 1))
+    assert sum(r["rejected_files"] for r in rows) == 1
+    reasons = list((run / "store" / "rejected").glob("*.reason.txt"))
+    assert len(reasons) == 1 and "not a readable parquet" in reasons[0].read_text()
+    assert "rejected rollouts/step_000003" in (run / "logs" / "trainer.log").read_text()
+    assert "exited with code -9; restarting" in out

@@ -1,0 +1,74 @@
+import torch
+
+from swarmrl.inference.backend import HFBackend
+from swarmrl.models.loading import load_model, load_tokenizer
+from swarmrl.models.prompting import encode_prompt
+
+
+def test_generation_shapes_eos_and_determinism(random_model_dir):
+    tok = load_tokenizer(str(random_model_dir))
+    be = HFBackend(max_batch=5)  # forces two batches for 8 samples
+    be.load(random_model_dir)
+    prompts = [
+        encode_prompt(tok, "Reverse the text: abc"),
+        encode_prompt(tok, "Reverse the text: hello world"),
+    ]
+    out = be.generate(prompts, n=4, max_new_tokens=12, temperature=1.0, top_p=1.0, seed=7)
+    assert len(out) == 2 and all(len(g) == 4 for g in out)
+    for group in out:
+        for c in group:
+            assert 1 <= len(c.tokens) <= 12 and len(c.logprobs) == len(c.tokens)
+            assert all(lp <= 0.0 for lp in c.logprobs)
+            if c.finished:
+                assert c.tokens[-1] == tok.eos_token_id and tok.eos_token_id not in c.tokens[:-1]
+            else:
+                assert len(c.tokens) == 12
+    again = be.generate(prompts, n=4, max_new_tokens=12, temperature=1.0, top_p=1.0, seed=7)
+    assert [[c.tokens for c in g] for g in out] == [[c.tokens for c in g] for g in again]
+
+
+def test_sampler_logprobs_match_a_full_forward(random_model_dir):
+    """Left padding + KV cache must give the same log-probs as one unpadded forward."""
+    tok = load_tokenizer(str(random_model_dir))
+    be = HFBackend()
+    be.load(random_model_dir)
+    prompts = [encode_prompt(tok, "ab"), encode_prompt(tok, "a much longer prompt here")]
+    out = be.generate(prompts, n=2, max_new_tokens=8, temperature=0.7, top_p=1.0, seed=3)
+    model = load_model(str(random_model_dir))
+    for p, group in zip(prompts, out, strict=True):
+        for c in group:
+            ids = torch.tensor([p + c.tokens])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, len(p) - 1 : len(p) - 1 + len(c.tokens)]
+            lp = (
+                torch.log_softmax(logits / 0.7, -1)
+                .gather(-1, torch.tensor(c.tokens)[:, None])
+                .squeeze(-1)
+            )
+            assert torch.allclose(lp, torch.tensor(c.logprobs), atol=1e-4)
+
+
+def test_top_p_tiny_keeps_only_the_argmax(random_model_dir):
+    tok = load_tokenizer(str(random_model_dir))
+    be = HFBackend()
+    be.load(random_model_dir)
+    p = [encode_prompt(tok, "xyz")]
+    a = be.generate(p, n=3, max_new_tokens=6, temperature=1.0, top_p=1e-6, seed=1)
+    b = be.generate(p, n=3, max_new_tokens=6, temperature=1.0, top_p=1e-6, seed=2)
+    assert a[0][0].tokens == a[0][1].tokens == b[0][2].tokens  # greedy regardless of seed
+
+
+def test_hot_swap_changes_weights(random_model_dir, tmp_path):
+    be = HFBackend()
+    be.load(random_model_dir)
+    model = load_model(str(random_model_dir))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    model.save_pretrained(tmp_path)
+    be.load(tmp_path)
+    w = dict(be.model.named_parameters())["model.embed_tokens.weight"]
+    assert torch.allclose(w, dict(model.named_parameters())["model.embed_tokens.weight"])
+    assert be.model.lm_head.weight.data_ptr() == w.data_ptr() or torch.equal(
+        be.model.lm_head.weight, w
+    )
