@@ -60,6 +60,8 @@ def _setup_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from swarmrl.config import ConfigError, TaskConfig, config_docs, load_config
+    from swarmrl.models.loading import ModelLoadError
+    from swarmrl.tasks.schema import TaskError
 
     try:
         if args.command == "config-docs":
@@ -114,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             run_worker(cfg, args.index)
         return 0
     except ConfigError as e:
+        print(f"swarmrl: {e}", file=sys.stderr)
+        return 2
+    except (ModelLoadError, TaskError) as e:  # bad input: say what is wrong, no traceback
         print(f"swarmrl: {e}", file=sys.stderr)
         return 2
 

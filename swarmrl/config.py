@@ -138,6 +138,9 @@ class LauncherConfig(_Section):
     max_worker_restarts: int = Field(
         3, ge=0, le=1000, description="Restarts of a dead worker before the run fails."
     )
+    worker_niceness: int = Field(
+        5, ge=0, le=19, description="nice(1) increment of worker processes (trainer gets priority)."
+    )
     progress_s: float = Field(1.0, gt=0.0, le=600.0, description="Progress refresh period.")
 
 

@@ -12,6 +12,8 @@ Failure policy:
 - a worker that dies is restarted, up to `launcher.max_worker_restarts`
   times: losing a worker must not stop the swarm (its unfinished file is
   simply never uploaded);
+- workers run at a lower CPU priority (`launcher.worker_niceness`): the
+  trainer is the bottleneck of a swarm that shares one machine's cores;
 - Ctrl-C stops everything cleanly; `--resume` continues from the newest
   complete version.
 """
@@ -40,7 +42,9 @@ class LaunchError(RuntimeError):
     pass
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(niceness: int = 0) -> None:  # runs in the child between fork and exec
+    if niceness:
+        os.nice(niceness)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:  # not Linux: no parent-death signal; stop() still kills the group
@@ -53,6 +57,7 @@ class Proc:
     argv: list[str]
     log_path: Path
     threads: int
+    niceness: int = 0
     popen: subprocess.Popen | None = None
     restarts: int = 0
     logf: object = field(default=None, repr=False)
@@ -171,6 +176,7 @@ def launch(
             base + ["worker", "--index", str(i), *cfg_args],
             run / "logs" / f"worker-{i}.log",
             cfg.worker.threads,
+            cfg.launcher.worker_niceness,
         )
         for i in range(cfg.launcher.workers)
     ]

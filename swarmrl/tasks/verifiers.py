@@ -1,7 +1,10 @@
 """Verifiers: score a completion against a task, keyed by task_type.
 
-Each verifier returns a task reward in [0, 1]. `reverse_text` is graded
-(similarity), `addition` is exact: the last integer in the completion must be
+Each verifier returns a task reward in [0, 1]. `reverse_text` is graded:
+1 − Levenshtein(completion, answer) / max(len): a first version used difflib's
+ratio 2·M/(|a|+|b|), and the tiny policy learned to game it with short partial
+answers ("irpr" for "iportrx" scored 0.55); edit distance charges every
+missing character. `addition` is exact: the last integer in the completion must be
 the sum. Taking the last integer lets chat models that answer "The answer is
 579." be scored too; a completion listing many numbers is still scored on its
 last one only, which is the documented rule, not a loophole worth more than 0.
@@ -9,7 +12,6 @@ last one only, which is the documented rule, not a loophole worth more than 0.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable
 
@@ -18,12 +20,23 @@ from swarmrl.tasks.schema import Task
 Verifier = Callable[[Task, str], float]
 
 
+def levenshtein(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
 def score_reverse_text(task: Task, completion: str) -> float:
     target = str(task.verification_info["answer"])
     got = completion.strip()
-    if not got and not target:
+    longest = max(len(got), len(target))
+    if longest == 0:
         return 1.0
-    return difflib.SequenceMatcher(None, got, target, autojunk=False).ratio()
+    return 1.0 - levenshtein(got, target) / longest
 
 
 _INT = re.compile(r"-?\d[\d,]*")

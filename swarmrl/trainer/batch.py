@@ -6,10 +6,16 @@ For step n the collector takes rollout files in arrival order and
   `.reason.txt` beside them, logged, counted; the run goes on),
 - drops groups whose rewards are all equal (zero advantage: online filtering),
 - recomputes advantages from the rewards itself,
-until it holds `need_groups` groups. Whole files are taken, so a batch may
-exceed the target by less than one file's groups. Consumed keys are returned
-so the trainer deletes them only once the step's version is published: a crash
-before that leaves them in the store for the resumed step.
+until it holds exactly `need_groups` groups. Groups with signal beyond that
+are carried to the next step (and dropped there if they have become stale);
+the carry is part of the trainer state, so a resumed run neither loses nor
+repeats them. Consumed keys are returned so the trainer deletes them only once
+the step's version is published: a crash before that leaves them in the store
+for the resumed step.
+
+Two rewards are reported: `reward_all` averages every sample read for this
+step (the sampling policy's real performance), `reward` in the batch only the
+groups trained on (biased: solved and failed groups are filtered out).
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ class Sample:
 class Batch:
     samples: list[Sample] = field(default_factory=list)
     groups: int = 0
+    read_samples: int = 0
+    read_reward_sum: float = 0.0
+    read_task_reward_sum: float = 0.0
+    stale_groups: int = 0
     consumed: list[str] = field(default_factory=list)
     accepted_files: int = 0
     rejected_files: int = 0
@@ -55,6 +65,7 @@ class BatchCollector:
         self.limits = limits
         self.async_level = async_level
         self.poll_s = poll_s
+        self.carry: list[list[Sample]] = []  # groups with signal, read but not yet trained on
 
     def reject(self, key: str, data: bytes | None, reason: str) -> None:
         name = key.replace("/", "__")
@@ -69,6 +80,12 @@ class BatchCollector:
     ) -> Batch:
         batch = Batch()
         t0 = time.time()
+        carried, self.carry = self.carry, []
+        for group in carried:
+            if group[0].policy_step < step - self.async_level:
+                batch.stale_groups += 1
+            else:
+                self._add(batch, group, need_groups)
         while batch.groups < need_groups:
             keys = [k for k in self.store.list("rollouts") if k not in batch.consumed]
             if not keys:
@@ -79,11 +96,18 @@ class BatchCollector:
             for key in keys:
                 if batch.groups >= need_groups:
                     break
-                self._take(key, step, batch)
+                self._take(key, step, batch, need_groups)
         batch.wait_s = time.time() - t0
         return batch
 
-    def _take(self, key: str, step: int, batch: Batch) -> None:
+    def _add(self, batch: Batch, group: list[Sample], need_groups: int) -> None:
+        if batch.groups < need_groups:
+            batch.samples.extend(group)
+            batch.groups += 1
+        else:
+            self.carry.append(group)
+
+    def _take(self, key: str, step: int, batch: Batch, need_groups: int) -> None:
         info = parse_rollout_key(key)
         if info is None:
             self.reject(key, self.store.get(key), "unrecognised rollout key")
@@ -112,19 +136,22 @@ class BatchCollector:
             by_group.setdefault(r["group"], []).append(r)
         for group_rows in by_group.values():
             rewards = [r["reward"] for r in group_rows]
+            batch.read_samples += len(rewards)
+            batch.read_reward_sum += sum(rewards)
+            batch.read_task_reward_sum += sum(r["task_reward"] for r in group_rows)
             if not has_signal(rewards):
                 batch.dropped_groups += 1
                 continue
-            batch.groups += 1
-            for r, adv in zip(group_rows, group_advantages(rewards), strict=True):
-                batch.samples.append(
-                    Sample(
-                        prompt_tokens=r["prompt_tokens"],
-                        completion_tokens=r["completion_tokens"],
-                        advantage=adv,
-                        reward=r["reward"],
-                        task_reward=r["task_reward"],
-                        length_penalty=r["length_penalty"],
-                        policy_step=r["policy_step"],
-                    )
+            group = [
+                Sample(
+                    prompt_tokens=r["prompt_tokens"],
+                    completion_tokens=r["completion_tokens"],
+                    advantage=adv,
+                    reward=r["reward"],
+                    task_reward=r["task_reward"],
+                    length_penalty=r["length_penalty"],
+                    policy_step=r["policy_step"],
                 )
+                for r, adv in zip(group_rows, group_advantages(rewards), strict=True)
+            ]
+            self._add(batch, group, need_groups)

@@ -11,7 +11,8 @@ nothing:
 6. delete the consumed rollout files.
 Resume (`--resume`) starts after the newest version v that has a trainer
 state: it truncates metrics rows past v, deletes rollout files that v already
-consumed, and restores the optimizer, so step v+1 is neither lost nor repeated.
+consumed, and restores the optimizer and the carried-over groups, so step v+1
+is neither lost nor repeated and no rollout is trained on twice.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import logging
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -31,7 +33,7 @@ from swarmrl.models.loading import load_model, load_tokenizer
 from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import write_json_atomic
-from swarmrl.trainer.batch import BatchCollector
+from swarmrl.trainer.batch import BatchCollector, Sample
 from swarmrl.trainer.step import grpo_update
 
 log = logging.getLogger("swarmrl.trainer")
@@ -75,7 +77,7 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
     tokenizer = load_tokenizer(cfg.model.path)
     pad_id = tokenizer.pad_token_id
 
-    start, elapsed0, opt_state = 1, 0.0, None
+    start, elapsed0, opt_state, carry = 1, 0.0, None, []
     resumable = [v for v in weights.versions() if v == 0 or _state_path(paths, v).exists()]
     if resume and resumable:
         v = resumable[-1]
@@ -83,6 +85,7 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
         if v > 0:
             state = torch.load(_state_path(paths, v), weights_only=False)
             opt_state, elapsed0 = state["optimizer"], state["elapsed_s"]
+            carry = [[Sample(**x) for x in group] for group in state["carry"]]
             for key in state["consumed"]:
                 store.delete(key)
         start = v + 1
@@ -115,6 +118,7 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
         group_size=cfg.worker.group_size,
     )
     collector = BatchCollector(store, limits, cfg.async_level, cfg.trainer.poll_s)
+    collector.carry = carry
     t_start = time.time() - elapsed0
 
     for step in range(start, cfg.trainer.steps + 1):
@@ -127,10 +131,13 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
         train_s = time.time() - t0
         n = len(batch.samples)
         seq_tokens = sum(len(s.prompt_tokens) + len(s.completion_tokens) for s in batch.samples)
+        trained_reward = sum(s.reward for s in batch.samples) / n
+        read = batch.read_samples
         row = {
             "step": step,
-            "reward": sum(s.reward for s in batch.samples) / n,
-            "task_reward": sum(s.task_reward for s in batch.samples) / n,
+            "reward": batch.read_reward_sum / read if read else trained_reward,
+            "task_reward": batch.read_task_reward_sum / read if read else trained_reward,
+            "reward_trained": trained_reward,
             "length_penalty": sum(s.length_penalty for s in batch.samples) / n,
             "loss": stats.loss,
             "grad_norm": stats.grad_norm,
@@ -146,6 +153,8 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
             "rejected_files": batch.rejected_files,
             "stale_files": batch.stale_files,
             "dropped_groups": batch.dropped_groups,
+            "stale_groups": batch.stale_groups,
+            "carried_groups": len(collector.carry),
             "wait_s": batch.wait_s,
             "train_s": train_s,
             "elapsed_s": time.time() - t_start,
@@ -159,6 +168,7 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
                 "step": step,
                 "optimizer": optimizer.state_dict(),
                 "consumed": batch.consumed,
+                "carry": [[asdict(x) for x in group] for group in collector.carry],
                 "elapsed_s": row["elapsed_s"],
             },
             tmp,

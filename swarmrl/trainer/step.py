@@ -1,7 +1,9 @@
 """One GRPO update on a collected batch.
 
 1. Old log-probs are recomputed with the current weights (the policy before
-   this step's update), in micro-batches, without gradient.
+   this step's update), in micro-batches, without gradient. With one
+   optimizer step per batch they equal the detached log-probs of the gradient
+   pass (r = 1 exactly), so that extra forward pass is skipped.
 2. The batch is split into `optimizer_steps` mini-batches; each is one
    optimizer step, accumulated over micro-batches, with the loss divided by
    the constant token budget (per mini-batch: budget / optimizer_steps).
@@ -97,9 +99,9 @@ def grpo_update(
             idx = mini[start : start + micro]
             mb = [samples[i] for i in idx]
             # old/ref log-probs were computed per micro-batch of the full order; slice them out
-            old_mb = _select(old, idx, micro)
             ref_mb = _select(ref, idx, micro) if ref is not None else None
             logp, entropy, mask = token_logprobs(model, mb, pad_id, with_entropy=True)
+            old_mb = logp.detach() if old is None else _select(old, idx, micro)
             adv = torch.tensor([s.advantage for s in mb], dtype=logp.dtype)[:, None]
             out = grpo_loss(
                 logp,

@@ -80,3 +80,22 @@ def test_assigner_respects_async_level_and_pending(tmp_path):
     assert a.next("n", 3) == "enough-pending"
     write_json_atomic(status, {"step": 6, "done": True})
     assert a.next("n", 4) == "done"
+
+
+def test_batch_is_exact_and_surplus_groups_carry_over(tmp_path):
+    store = LocalDirStore(tmp_path)
+    rows = make_rows(groups=3, g=3, step=5, policy=4)  # three groups with signal
+    _put(store, 5, 4, rows, 1)
+    c = BatchCollector(store, Limits(group_size=3), async_level=2, poll_s=0.01)
+    b1 = c.collect(step=5, need_groups=2)
+    assert b1.groups == 2 and len(b1.samples) == 6 and len(c.carry) == 1
+    assert b1.read_samples == 9  # reward_all sees every sample read
+    for key in b1.consumed:
+        store.delete(key)
+    b2 = c.collect(step=6, need_groups=1)  # served from the carry, no file needed
+    assert b2.groups == 1 and b2.accepted_files == 0 and b2.read_samples == 0
+    assert [s.prompt_tokens for s in b2.samples] == [rows[6]["prompt_tokens"]] * 3
+    c.carry = [b2.samples]
+    _put(store, 9, 8, make_rows(groups=1, g=3, step=9, policy=8), 2)
+    b3 = c.collect(step=9, need_groups=1)  # policy 4 < 9 − 2: the carried group is stale
+    assert b3.stale_groups == 1 and b3.groups == 1 and b3.samples[0].policy_step == 8

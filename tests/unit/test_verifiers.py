@@ -15,8 +15,18 @@ def test_reverse_text_similarity():
     assert verify(t, "olleh") == 1.0
     assert verify(t, " olleh\n") == 1.0  # surrounding whitespace ignored
     assert verify(t, "") == 0.0
-    assert verify(t, "olle") == pytest.approx(2 * 4 / 9)  # SequenceMatcher: 2·matches / total
-    assert 0.0 < verify(t, "hello") < 1.0
+    assert verify(t, "olle") == pytest.approx(1 - 1 / 5)  # one deletion
+    assert verify(t, "hello") == pytest.approx(1 - 4 / 5)  # h-e-l-l-o vs o-l-l-e-h: 4 edits
+    assert verify(t, "ol") == pytest.approx(1 - 3 / 5)  # short answers pay for every missing char
+    assert verify(t, "ollehxxxxx") == pytest.approx(1 - 5 / 10)
+
+
+def test_levenshtein():
+    from swarmrl.tasks.verifiers import levenshtein
+
+    assert levenshtein("kitten", "sitting") == 3
+    assert levenshtein("", "abc") == 3
+    assert levenshtein("abc", "abc") == 0
 
 
 def test_addition_exact_last_integer():
