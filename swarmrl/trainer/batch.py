@@ -9,9 +9,11 @@ For step n the collector takes rollout files in arrival order and
 until it holds exactly `need_groups` groups. Groups with signal beyond that
 are carried to the next step (and dropped there if they have become stale);
 the carry is part of the trainer state, so a resumed run neither loses nor
-repeats them. Consumed keys are returned so the trainer deletes them only once
-the step's version is published: a crash before that leaves them in the store
-for the resumed step.
+repeats them. An accepted file moves from `rollouts/` to `consumed/` as soon
+as it is read, so workers stop counting it as pending (counting it deadlocked
+a run whose pending files held too few groups with signal); the trainer
+deletes it once the step's version is published, and a resumed trainer moves
+back any consumed file its last published step did not use.
 
 Two rewards are reported: `reward_all` averages every sample read for this
 step (the sampling policy's real performance), `reward` in the batch only the
@@ -59,6 +61,22 @@ class Batch:
     wait_s: float = 0.0
 
 
+def consumed_key(key: str) -> str:
+    return "consumed/" + key.removeprefix("rollouts/")
+
+
+def restore_unpublished(store) -> int:
+    """After a crash: move consumed files no published step used back to rollouts/.
+
+    Call it after deleting the files the last published step consumed.
+    """
+    keys = store.list("consumed")
+    for key in keys:
+        store.put("rollouts/" + key.removeprefix("consumed/"), store.get(key))
+        store.delete(key)
+    return len(keys)
+
+
 class BatchCollector:
     def __init__(self, store, limits: Limits, async_level: int, poll_s: float):
         self.store = store
@@ -79,7 +97,7 @@ class BatchCollector:
         self, step: int, need_groups: int, should_stop: Callable[[], bool] = lambda: False
     ) -> Batch:
         batch = Batch()
-        t0 = time.time()
+        t0 = last_note = time.time()
         carried, self.carry = self.carry, []
         for group in carried:
             if group[0].policy_step < step - self.async_level:
@@ -91,6 +109,15 @@ class BatchCollector:
             if not keys:
                 if should_stop():
                     raise InterruptedError("stopped while waiting for rollouts")
+                if time.time() - last_note > 30:
+                    last_note = time.time()
+                    log.warning(
+                        "step %d: waiting %.0fs for rollouts (%d/%d groups)",
+                        step,
+                        last_note - t0,
+                        batch.groups,
+                        need_groups,
+                    )
                 time.sleep(self.poll_s)
                 continue
             for key in keys:
@@ -130,7 +157,10 @@ class BatchCollector:
             batch.rejected_files += 1
             return
         batch.accepted_files += 1
-        batch.consumed.append(key)
+        consumed = consumed_key(key)
+        self.store.put(consumed, data)
+        self.store.delete(key)
+        batch.consumed.append(consumed)
         by_group: dict[int, list[dict]] = {}
         for r in rows:
             by_group.setdefault(r["group"], []).append(r)

@@ -33,7 +33,7 @@ from swarmrl.models.loading import load_model, load_tokenizer
 from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import write_json_atomic
-from swarmrl.trainer.batch import BatchCollector, Sample
+from swarmrl.trainer.batch import BatchCollector, Sample, restore_unpublished
 from swarmrl.trainer.step import grpo_update
 
 log = logging.getLogger("swarmrl.trainer")
@@ -88,6 +88,9 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
             carry = [[Sample(**x) for x in group] for group in state["carry"]]
             for key in state["consumed"]:
                 store.delete(key)
+        moved = restore_unpublished(store)
+        if moved:
+            log.info("moved %d rollout files of the unfinished step back to the queue", moved)
         start = v + 1
         _truncate_metrics(paths["metrics"], v)
         log.info("resuming after version %d", v)

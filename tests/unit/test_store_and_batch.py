@@ -4,7 +4,7 @@ from swarmrl.inference.rollouts import Limits, write_rollouts
 from swarmrl.protocol.assign import Assignment, LocalAssigner, parse_rollout_key, rollout_key
 from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.manifest import write_json_atomic
-from swarmrl.trainer.batch import BatchCollector
+from swarmrl.trainer.batch import Batch, BatchCollector, consumed_key, restore_unpublished
 from tests.unit.test_rollouts import make_rows
 
 
@@ -58,7 +58,8 @@ def test_collector_filters_stale_corrupt_and_zero_advantage(tmp_path):
     assert batch.groups == 2 and len(batch.samples) == 6
     assert batch.stale_files == 1 and batch.rejected_files == 1 and batch.dropped_groups == 2
     assert batch.accepted_files == 2
-    assert k_good in batch.consumed and k_stale not in store.list("rollouts")
+    assert consumed_key(k_good) in batch.consumed and store.list("rollouts") == []
+    assert k_stale not in store.list("consumed")
     reason = store.get("rejected/" + k_bad.replace("/", "__") + ".reason.txt").decode()
     assert "not a readable parquet" in reason
     # advantages were recomputed from rewards: 0, .5, 1 -> mean .5, symmetric
@@ -99,3 +100,24 @@ def test_batch_is_exact_and_surplus_groups_carry_over(tmp_path):
     _put(store, 9, 8, make_rows(groups=1, g=3, step=9, policy=8), 2)
     b3 = c.collect(step=9, need_groups=1)  # policy 4 < 9 − 2: the carried group is stale
     assert b3.stale_groups == 1 and b3.groups == 1 and b3.samples[0].policy_step == 8
+
+
+def test_consumed_files_do_not_block_workers_and_return_after_a_crash(tmp_path):
+    """Regression: pending files the trainer had read but not yet published blocked workers."""
+    store = LocalDirStore(tmp_path / "store")
+    status = tmp_path / "status.json"
+    write_json_atomic(status, {"step": 5, "done": False})
+    flat = make_rows(groups=2, g=3, step=5, policy=4)
+    for r in flat:
+        r["reward"] = 1.0  # no signal: the trainer needs more files than these
+    for i in range(3):
+        _put(store, 5, 4, flat, i)
+    assigner = LocalAssigner(status, store, run_seed=0, async_level=2, max_pending_groups=4)
+    assert assigner.next("n", 4) == "enough-pending"
+    c = BatchCollector(store, Limits(group_size=3), async_level=2, poll_s=0.01)
+    for key in store.list("rollouts"):
+        c._take(key, 5, Batch(), 1)
+    assert store.list("rollouts") == [] and len(store.list("consumed")) == 3
+    assert isinstance(assigner.next("n", 4), Assignment)  # workers produce again
+    assert restore_unpublished(store) == 3  # the step never published: files go back
+    assert len(store.list("rollouts")) == 3 and store.list("consumed") == []
