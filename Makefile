@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 venv: $(STAMP)
 
 $(TINY)/manifest.json: $(STAMP)
-	$(BIN)/swarmrl init-model --task reverse_text --out $(TINY)
+	$(BIN)/swarmrl init-model --task reverse_text --out $(TINY) --config configs/tiny.toml
 
 run: $(STAMP) $(TINY)/manifest.json
 	$(BIN)/swarmrl rl --config configs/tiny.toml --fresh

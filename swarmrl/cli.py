@@ -36,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--sft-steps", type=int, default=None, help="warm-start steps (task default)")
+    p.add_argument("--config", help="take the task settings (lengths, digits) from this run config")
+    p.add_argument(
+        "overrides", nargs="*", help="dotted overrides of that config, e.g. task.max_len=6"
+    )
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("eval", help="greedy accuracy and mean reward on held-out problems")
     p.add_argument("--model", required=True, help="HF directory, .gguf file, or 'smollm2'")
@@ -45,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--config", help="take the task settings (lengths) from this run config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides of that config")
     sub.add_parser("config-docs", help="print the configuration reference (docs/config.md)")
     return ap
 
@@ -59,7 +65,7 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from swarmrl.config import ConfigError, TaskConfig, config_docs, load_config
+    from swarmrl.config import ConfigError, config_docs, load_config
     from swarmrl.models.loading import ModelLoadError
     from swarmrl.tasks.schema import TaskError
 
@@ -76,15 +82,20 @@ def main(argv: list[str] | None = None) -> int:
                 if args.sft_steps is not None
                 else {"reverse_text": 300, "addition": 600}[args.task]
             )
-            init_model(TaskConfig(name=args.task), args.out, sft_steps=steps, seed=args.seed)
+            task = load_config(args.config, args.overrides).task.model_copy(
+                update={"name": args.task}
+            )
+            init_model(task, args.out, sft_steps=steps, seed=args.seed)
             return 0
         if args.command == "eval":
             from swarmrl.evaluate import evaluate
 
             max_new = args.max_new_tokens or (16 if args.task == "reverse_text" else 24)
+            task = load_config(args.config, args.overrides).task
+            task = task.model_copy(update={"name": args.task, "digits": args.digits})
             res = evaluate(
                 args.model,
-                TaskConfig(name=args.task, digits=args.digits),
+                task,
                 args.n,
                 max_new,
                 threads=args.threads,

@@ -50,7 +50,7 @@ class TaskConfig(_Section):
         "problems are generated from the seed.",
     )
     min_len: int = Field(3, ge=1, le=64, description="reverse_text: shortest text.")
-    max_len: int = Field(8, ge=1, le=64, description="reverse_text: longest text.")
+    max_len: int = Field(6, ge=1, le=64, description="reverse_text: longest text.")
     digits: int = Field(3, ge=1, le=12, description="addition: digits per operand.")
 
     @model_validator(mode="after")
