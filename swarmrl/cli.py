@@ -35,7 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init-model", help="build and warm-start the tiny built-in model")
     p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--sft-steps", type=int, default=None, help="warm-start steps (task default)")
+    p.add_argument("--sft-steps", type=int, default=1000, help="most warm-start steps")
+    p.add_argument(
+        "--target-reward", type=float, default=0.5,
+        help="stop the warm start at this greedy reward (0: run all --sft-steps)",
+    )  # fmt: skip
     p.add_argument("--config", help="take the task settings (lengths, digits) from this run config")
     p.add_argument(
         "overrides", nargs="*", help="dotted overrides of that config, e.g. task.max_len=6"
@@ -77,15 +81,13 @@ def main(argv: list[str] | None = None) -> int:
             _setup_logging()
             from swarmrl.models.tiny import init_model
 
-            steps = (
-                args.sft_steps
-                if args.sft_steps is not None
-                else {"reverse_text": 300, "addition": 600}[args.task]
-            )
             task = load_config(args.config, args.overrides).task.model_copy(
                 update={"name": args.task}
             )
-            init_model(task, args.out, sft_steps=steps, seed=args.seed)
+            target = None if args.target_reward <= 0 else args.target_reward
+            init_model(
+                task, args.out, sft_steps=args.sft_steps, target_reward=target, seed=args.seed
+            )
             return 0
         if args.command == "eval":
             from swarmrl.evaluate import evaluate

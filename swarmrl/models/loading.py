@@ -52,7 +52,11 @@ def resolve_model_path(path: str) -> tuple[Path, str | None]:
     if not p.is_dir():
         raise ModelLoadError(
             f"model directory {p} does not exist"
-            + (" (build it with: swarmrl init-model --task reverse_text --out DIR)" if "tiny" in str(p) else "")
+            + (
+                " (build it with: swarmrl init-model --task reverse_text --out DIR)"
+                if "tiny" in str(p)
+                else ""
+            )
         )
     if not (p / "config.json").is_file():
         raise ModelLoadError(f"model directory {p} has no config.json")

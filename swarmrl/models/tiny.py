@@ -2,7 +2,8 @@
 
 `swarmrl init-model --task T --out DIR` builds it, warm-starts it with a short
 supervised pass on generated problems of task T (prompt + "\n" → answer + EOS,
-loss on the answer only), and saves a normal HF directory (config, safetensors,
+loss on the answer only) until its greedy reward on a check split reaches a
+target (0.5 by default), and saves a normal HF directory (config, safetensors,
 tokenizer) with a manifest, so it loads like any other model and is version 0
 of a run. The warm start is deliberately short: RL must start from a partial
 reward, not zero (nothing to learn from) and not one (nothing left to learn).
@@ -64,8 +65,51 @@ def build_tiny_model(tokenizer, hidden: int = 192, layers: int = 4, seed: int = 
     return LlamaForCausalLM(cfg)
 
 
-def warm_start(model, tokenizer, task_cfg: TaskConfig, steps: int, batch: int, lr: float, seed: int):
-    """Supervised pass on (prompt, answer) pairs; returns the final loss."""
+def greedy_reward(model, tokenizer, task_cfg: TaskConfig, n: int, seed: int) -> float:
+    """Mean greedy task reward on n problems of the warm-up check split (not train, not eval)."""
+    import torch
+
+    from swarmrl.models.prompting import decode_completion, encode_prompt
+    from swarmrl.tasks.generators import GENERATORS
+    from swarmrl.tasks.verifiers import verify
+
+    tasks = [GENERATORS[task_cfg.name](task_cfg, "warmup-check", i, seed) for i in range(n)]
+    prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks]
+    width = max(len(p) for p in prompts)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=attn, max_new_tokens=task_cfg.max_len + 4,
+            do_sample=False, pad_token_id=pad, eos_token_id=eos,
+        )  # fmt: skip
+    total = 0.0
+    for t, row in zip(tasks, out[:, width:].tolist(), strict=True):
+        row = row[: row.index(eos)] if eos in row else row
+        total += verify(t, decode_completion(tokenizer, row))
+    return total / n
+
+
+def warm_start(
+    model,
+    tokenizer,
+    task_cfg: TaskConfig,
+    max_steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    target_reward: float | None = None,
+    check_every: int = 25,
+) -> tuple[int, float, float | None]:
+    """Supervised pass on (prompt, answer) pairs.
+
+    Stops after max_steps, or as soon as the greedy reward on a check split
+    reaches target_reward: the supervised curve of this task has a sharp phase
+    transition, so a fixed step count lands on very different models with
+    another thread count or seed; a target does not.
+    Returns (steps done, last loss, last checked reward).
+    """
     import torch
 
     from swarmrl.models.prompting import encode_prompt
@@ -73,12 +117,13 @@ def warm_start(model, tokenizer, task_cfg: TaskConfig, steps: int, batch: int, l
 
     gen = GENERATORS[task_cfg.name]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id
     loss_value = float("nan")
+    reward = None
     index = 0
-    for step in range(steps):
+    for step in range(1, max_steps + 1):
+        model.train()
         seqs, masks = [], []
         for _ in range(batch):
             task = gen(task_cfg, "train", index, seed + 1_000_003)
@@ -100,16 +145,23 @@ def warm_start(model, tokenizer, task_cfg: TaskConfig, steps: int, batch: int, l
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss_value = loss.item()
-        if step % 50 == 0 or step == steps - 1:
-            log.info("warm start step %d/%d loss %.4f", step + 1, steps, loss_value)
+        if target_reward is not None and step % check_every == 0:
+            model.eval()
+            reward = greedy_reward(model, tokenizer, task_cfg, 128, seed)
+            log.info("warm start step %d: loss %.4f, greedy reward %.3f", step, loss_value, reward)
+            if reward >= target_reward:
+                break
+        elif step % 50 == 0:
+            log.info("warm start step %d: loss %.4f", step, loss_value)
     model.eval()
-    return loss_value
+    return step, loss_value, reward
 
 
 def init_model(
     task_cfg: TaskConfig,
     out: Path,
-    sft_steps: int = 300,
+    sft_steps: int = 1000,
+    target_reward: float | None = 0.5,
     batch: int = 64,
     lr: float = 2e-3,
     hidden: int = 192,
@@ -126,11 +178,20 @@ def init_model(
     model = build_tiny_model(tok, hidden=hidden, layers=layers, seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("tiny model: %.2fM parameters, vocab %d", n_params / 1e6, len(tok))
-    loss = warm_start(model, tok, task_cfg, sft_steps, batch, lr, seed)
+    steps, loss, reward = warm_start(
+        model, tok, task_cfg, sft_steps, batch, lr, seed, target_reward
+    )
+    if target_reward is not None and (reward is None or reward < target_reward):
+        log.warning(
+            "warm start stopped at %d steps below the target reward %.2f", steps, target_reward
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     write_manifest(out, version=0)
-    log.info("saved %s (warm-start loss %.4f, %.1fs)", out, loss, time.time() - t0)
+    log.info(
+        "saved %s (%d warm-start steps, loss %.4f, greedy reward %s, %.1fs)",
+        out, steps, loss, "n/a" if reward is None else f"{reward:.3f}", time.time() - t0,
+    )  # fmt: skip
     return out
