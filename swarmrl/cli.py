@@ -35,10 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init-model", help="build and warm-start the tiny built-in model")
     p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--sft-steps", type=int, default=1000, help="most warm-start steps")
+    p.add_argument("--sft-steps", type=int, default=300, help="warm-start steps (at most)")
     p.add_argument(
-        "--target-reward", type=float, default=0.5,
-        help="stop the warm start at this greedy reward (0: run all --sft-steps)",
+        "--target-reward", type=float, default=0.0,
+        help="stop the warm start early at this greedy reward (0: run all --sft-steps)",
     )  # fmt: skip
     p.add_argument("--config", help="take the task settings (lengths, digits) from this run config")
     p.add_argument(

@@ -2,8 +2,9 @@
 
 `swarmrl init-model --task T --out DIR` builds it, warm-starts it with a short
 supervised pass on generated problems of task T (prompt + "\n" → answer + EOS,
-loss on the answer only) until its greedy reward on a check split reaches a
-target (0.5 by default), and saves a normal HF directory (config, safetensors,
+loss on the answer only) for a fixed number of steps on one thread (reproducible
+on a given machine), or until its greedy reward on a check split reaches a
+target (`--target-reward`), and saves a normal HF directory (config, safetensors,
 tokenizer) with a manifest, so it loads like any other model and is version 0
 of a run. The warm start is deliberately short: RL must start from a partial
 reward, not zero (nothing to learn from) and not one (nothing left to learn).
@@ -160,8 +161,8 @@ def warm_start(
 def init_model(
     task_cfg: TaskConfig,
     out: Path,
-    sft_steps: int = 1000,
-    target_reward: float | None = 0.5,
+    sft_steps: int = 300,
+    target_reward: float | None = None,
     batch: int = 64,
     lr: float = 2e-3,
     hidden: int = 192,
@@ -172,6 +173,10 @@ def init_model(
 
     from swarmrl.shardcast.manifest import write_manifest
 
+    # One thread: the warm start sits near a phase transition of the supervised
+    # curve, and another thread count changes the numerics enough to land on a
+    # visibly different model (greedy reward 0.55 vs 0.42 after 300 steps).
+    torch.set_num_threads(1)
     torch.manual_seed(seed)
     t0 = time.time()
     tok = build_char_tokenizer()
