@@ -239,9 +239,9 @@ def run_swarmrl(cfg, args, tmp: Path) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="configs/tiny.toml")
-    p.add_argument("--max-steps", type=int, default=150, help="per system")
-    p.add_argument("--max-seconds", type=float, default=600.0, help="per system")
-    p.add_argument("--threshold", type=float, default=0.40, help="mean reward to reach")
+    p.add_argument("--max-steps", type=int, default=300, help="per system")
+    p.add_argument("--max-seconds", type=float, default=400.0, help="per system")
+    p.add_argument("--threshold", type=float, default=0.45, help="mean reward to reach")
     p.add_argument("--window", type=int, default=5, help="steps in the rolling mean")
     p.add_argument("--trl-threads", type=int, default=2)
     p.add_argument("--trl-loss-type", default="dr_grpo", choices=["dr_grpo", "grpo", "bnpo"])
