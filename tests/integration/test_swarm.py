@@ -16,7 +16,7 @@ def _steps(rows):
 
 def test_swarm_learns(tiny_model, tmp_path):
     """A short run of the default config: reward must rise (the full +0.25 target is a slow test)."""
-    steps = 40
+    steps = 60
     res = subprocess.run(
         swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}"),
         capture_output=True,
@@ -29,8 +29,8 @@ def test_swarm_learns(tiny_model, tmp_path):
     assert _steps(rows) == list(range(1, steps + 1))
     first = sum(r["reward"] for r in rows[:5]) / 5
     last = sum(r["reward"] for r in rows[-5:]) / 5
-    # Measured on this machine: about +0.09 after 40 steps (first-5 mean 0.31); 5-step means
-    # vary by about 0.02 between runs, so +0.04 separates learning from noise.
+    # Measured on this machine over five runs: +0.08 to +0.14 after 60 steps (first-5 mean
+    # 0.28-0.34); 5-step means vary by about 0.02, so +0.04 separates learning from noise.
     assert last > first + 0.04, f"reward did not rise: first 5 steps {first:.3f}, last 5 {last:.3f}"
     assert all(r["staleness"] <= 2 for r in rows)
     assert (run / "report.png").stat().st_size > 10_000
