@@ -95,7 +95,8 @@ class WorkerConfig(_Section):
         ge=0,
         le=1_000_000,
         description="Workers pause while this many usable groups wait in the store; "
-        "0 means 2 · trainer.batch_groups.",
+        "0 means trainer.batch_groups (more lets workers run further ahead, and their "
+        "files more often arrive too stale to use).",
     )
     threads: int = Field(1, ge=1, le=256, description="torch threads per worker process.")
     poll_s: float = Field(0.2, gt=0.0, le=60.0, description="Wait between store polls.")

@@ -109,7 +109,7 @@ def run_worker(cfg: RunConfig, index: int) -> None:
     node = os.urandom(16).hex()
     weights = LocalWeights(paths["weights"])
     store = LocalDirStore(paths["store"])
-    max_pending = cfg.worker.max_pending_groups or 2 * cfg.trainer.batch_groups
+    max_pending = cfg.worker.max_pending_groups or cfg.trainer.batch_groups
     assigner = LocalAssigner(paths["status"], store, cfg.seed, cfg.async_level, max_pending)
     source = TaskSource(cfg.task, cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
