@@ -168,6 +168,19 @@ class RunConfig(_Section):
     def run_dir(self) -> Path:
         return Path(self.runs_dir) / self.name
 
+    def run_paths(self) -> dict[str, Path]:
+        """The layout of runs/<name>/, shared by every process of the run."""
+        d = self.run_dir
+        return {
+            "run": d,
+            "weights": d / "weights",
+            "store": d / "store",
+            "status": d / "trainer_status.json",
+            "metrics": d / "metrics.jsonl",
+            "trainer_state": d / "trainer_state",
+            "logs": d / "logs",
+        }
+
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Parse `a.b.c=value`; the value is read as TOML, or kept as a string."""

@@ -12,6 +12,37 @@ import time
 from swarmrl.config import TaskConfig
 
 
+def greedy_scores(
+    model, tokenizer, tasks, max_new_tokens: int, batch: int = 64
+) -> list[tuple[str, float]]:
+    """Greedy completion and task reward for each task (left-padded batches)."""
+    import torch
+
+    from swarmrl.models.prompting import decode_completion, encode_prompt
+    from swarmrl.tasks.verifiers import verify
+
+    eos = model.config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    pad = tokenizer.pad_token_id
+    out_scores = []
+    for s in range(0, len(tasks), batch):
+        chunk = tasks[s : s + batch]
+        prompts = [encode_prompt(tokenizer, t.prompt) for t in chunk]
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
+                do_sample=False, pad_token_id=pad, eos_token_id=list(eos),
+            )  # fmt: skip
+        for t, row in zip(chunk, out[:, width:].tolist(), strict=True):
+            cut = next((i for i, x in enumerate(row) if x in eos), len(row))
+            text = decode_completion(tokenizer, row[:cut])
+            out_scores.append((text, verify(t, text)))
+    return out_scores
+
+
 def evaluate(
     model_path: str,
     task_cfg: TaskConfig,
@@ -25,9 +56,7 @@ def evaluate(
     import torch
 
     from swarmrl.models.loading import load_model, load_tokenizer
-    from swarmrl.models.prompting import decode_completion, encode_prompt
     from swarmrl.tasks.dataset import TaskSource
-    from swarmrl.tasks.verifiers import verify
 
     torch.set_num_threads(threads)
     t0 = time.time()
@@ -35,32 +64,12 @@ def evaluate(
     model = load_model(model_path, dtype)
     source = TaskSource(task_cfg, seed)
     tasks = [source.get("eval", i) for i in range(n)]
-    eos = model.config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
-    rewards = []
-    samples = []
-    for s in range(0, n, batch):
-        chunk = tasks[s : s + batch]
-        prompts = [encode_prompt(tok, t.prompt) for t in chunk]
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
-        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=attn,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=tok.pad_token_id,
-                eos_token_id=list(eos),
-            )
-        for t, row in zip(chunk, out[:, width:].tolist(), strict=True):
-            cut = next((i for i, x in enumerate(row) if x in eos), len(row))
-            text = decode_completion(tok, row[:cut])
-            r = verify(t, text)
-            rewards.append(r)
-            if len(samples) < 5:
-                samples.append({"prompt": t.prompt, "completion": text, "reward": r})
+    scores = greedy_scores(model, tok, tasks, max_new_tokens, batch)
+    rewards = [r for _, r in scores]
+    samples = [
+        {"prompt": t.prompt, "completion": text, "reward": r}
+        for t, (text, r) in zip(tasks[:5], scores[:5], strict=True)
+    ]
     return {
         "model": model_path,
         "task": task_cfg.name,

@@ -13,7 +13,6 @@ import logging
 import os
 import random
 import time
-from pathlib import Path
 
 from swarmrl.config import RunConfig
 from swarmrl.inference.backend import HFBackend
@@ -23,7 +22,6 @@ from swarmrl.models.prompting import decode_completion, encode_prompt, prompt_te
 from swarmrl.protocol.assign import (
     Assignment,
     LocalAssigner,
-    derive_seed,
     prompt_indices,
     rollout_key,
 )
@@ -34,19 +32,6 @@ from swarmrl.tasks.length import length_penalty
 from swarmrl.tasks.verifiers import verify
 
 log = logging.getLogger("swarmrl.worker")
-
-
-def run_paths(cfg: RunConfig) -> dict[str, Path]:
-    d = cfg.run_dir
-    return {
-        "run": d,
-        "weights": d / "weights",
-        "store": d / "store",
-        "status": d / "trainer_status.json",
-        "metrics": d / "metrics.jsonl",
-        "trainer_state": d / "trainer_state",
-        "logs": d / "logs",
-    }
 
 
 def build_rows(
@@ -104,7 +89,7 @@ def run_worker(cfg: RunConfig, index: int) -> None:
     import torch
 
     torch.set_num_threads(cfg.worker.threads)
-    paths = run_paths(cfg)
+    paths = cfg.run_paths()
     # Until nodes have keys (protocol issue) a node is a random id per process.
     node = os.urandom(16).hex()
     weights = LocalWeights(paths["weights"])
@@ -155,6 +140,3 @@ def run_worker(cfg: RunConfig, index: int) -> None:
             n_tok / max(dt, 1e-9),
             key,
         )
-
-
-__all__ = ["run_worker", "build_rows", "run_paths", "derive_seed"]

@@ -68,28 +68,12 @@ def build_tiny_model(tokenizer, hidden: int = 192, layers: int = 4, seed: int = 
 
 def greedy_reward(model, tokenizer, task_cfg: TaskConfig, n: int, seed: int) -> float:
     """Mean greedy task reward on n problems of the warm-up check split (not train, not eval)."""
-    import torch
-
-    from swarmrl.models.prompting import decode_completion, encode_prompt
+    from swarmrl.evaluate import greedy_scores
     from swarmrl.tasks.generators import GENERATORS
-    from swarmrl.tasks.verifiers import verify
 
     tasks = [GENERATORS[task_cfg.name](task_cfg, "warmup-check", i, seed) for i in range(n)]
-    prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks]
-    width = max(len(p) for p in prompts)
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, attention_mask=attn, max_new_tokens=task_cfg.max_len + 4,
-            do_sample=False, pad_token_id=pad, eos_token_id=eos,
-        )  # fmt: skip
-    total = 0.0
-    for t, row in zip(tasks, out[:, width:].tolist(), strict=True):
-        row = row[: row.index(eos)] if eos in row else row
-        total += verify(t, decode_completion(tokenizer, row))
-    return total / n
+    scores = greedy_scores(model, tokenizer, tasks, task_cfg.max_len + 4)
+    return sum(r for _, r in scores) / n
 
 
 def warm_start(

@@ -28,7 +28,6 @@ import torch
 
 from swarmrl.config import RunConfig
 from swarmrl.inference.rollouts import Limits
-from swarmrl.inference.worker import run_paths
 from swarmrl.models.loading import load_model, load_tokenizer
 from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.local import LocalWeights
@@ -70,7 +69,7 @@ def _publish(weights: LocalWeights, model, tokenizer, version: int) -> None:
 def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
-    paths = run_paths(cfg)
+    paths = cfg.run_paths()
     paths["trainer_state"].mkdir(parents=True, exist_ok=True)
     weights = LocalWeights(paths["weights"], keep=cfg.async_level + 1)
     store = LocalDirStore(paths["store"])
@@ -129,7 +128,6 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
         batch = collector.collect(step, cfg.trainer.batch_groups)
         _write_status(paths, step + 1)
         t0 = time.time()
-        model.train()
         stats = grpo_update(model, ref_model, optimizer, batch.samples, cfg.trainer, budget, pad_id)
         train_s = time.time() - t0
         n = len(batch.samples)
