@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -32,6 +33,19 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("worker", help="run one inference worker process")
     _common(p)
     p.add_argument("--index", type=int, default=0, help="worker number (for logs)")
+    p = sub.add_parser("relay", help="run a SHARDCAST relay (mirrors weights, serves them onward)")
+    _common(p)
+    p.add_argument(
+        "--upstream", required=True, help="comma-separated URLs of the origin or other relays"
+    )
+    p.add_argument("--dir", required=True, help="directory the relay keeps versions in")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
+    p.add_argument("--host", default=None, help="address to listen on (default shardcast.host)")
+    p = sub.add_parser("origin", help="serve a weights directory as a SHARDCAST origin")
+    _common(p)
+    p.add_argument("--dir", required=True, help="weights directory (step_NNNNNN/ versions)")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
+    p.add_argument("--host", default=None, help="address to listen on (default shardcast.host)")
     p = sub.add_parser("init-model", help="build and warm-start the tiny built-in model")
     p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
     p.add_argument("--out", required=True, help="output directory")
@@ -127,6 +141,29 @@ def main(argv: list[str] | None = None) -> int:
             from swarmrl.inference.worker import run_worker
 
             run_worker(cfg, args.index)
+        elif args.command == "relay":
+            from swarmrl.shardcast.relay import run_relay
+            from swarmrl.shardcast.source import trainer_public_key
+
+            sc = cfg.shardcast
+            run_relay(
+                [u.strip() for u in args.upstream.split(",") if u.strip()],
+                trainer_public_key(cfg),
+                Path(args.dir),
+                host=args.host or sc.host,
+                port=args.port,
+                keep=cfg.async_level + 1,
+                parallel=sc.parallel,
+                max_bytes_per_s=sc.max_upload_mbps * 1e6,
+                poll_wait_s=sc.poll_wait_s,
+            )
+        elif args.command == "origin":
+            from swarmrl.shardcast.origin import serve_directory
+
+            sc = cfg.shardcast
+            serve_directory(
+                Path(args.dir), args.host or sc.host, args.port, sc.max_upload_mbps * 1e6
+            )
         return 0
     except ConfigError as e:
         print(f"swarmrl: {e}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """`swarmrl rl`: the whole swarm on one machine, one process per role.
 
-The launcher starts the trainer and N workers as separate processes (each in
+The launcher starts the trainer (which is also the SHARDCAST origin),
+`shardcast.relays` relays and N workers as separate processes (each in
 its own session, each told to die with the launcher through PDEATHSIG), with
 torch threads set per process so they share the cores, and one log file per
 process under runs/<name>/logs/. It shows progress from metrics.jsonl.
@@ -9,9 +10,10 @@ Failure policy:
 - the trainer exits non-zero, or a worker keeps dying: every process is
   stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits
   non-zero naming the failing process and showing the end of its log;
-- a worker that dies is restarted, up to `launcher.max_worker_restarts`
-  times: losing a worker must not stop the swarm (its unfinished file is
-  simply never uploaded);
+- a worker or relay that dies is restarted, up to
+  `launcher.max_worker_restarts` times: losing a worker must not stop the
+  swarm (its unfinished file is simply never uploaded; a relay comes back on
+  the same port and workers fail over to other servers meanwhile);
 - workers run at a lower CPU priority (`launcher.worker_niceness`): the
   trainer is the bottleneck of a swarm that shares one machine's cores;
 - Ctrl-C stops everything cleanly; `--resume` continues from the newest
@@ -21,10 +23,12 @@ Failure policy:
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,6 +62,7 @@ class Proc:
     log_path: Path
     threads: int
     niceness: int = 0
+    exits_when_done: bool = True  # relays serve until told to stop
     popen: subprocess.Popen | None = None
     restarts: int = 0
     logf: object = field(default=None, repr=False)
@@ -101,6 +106,45 @@ def _fmt_s(s: float) -> str:
     return f"{s // 60}m{s % 60:02d}s"
 
 
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _shardcast_setup(cfg: RunConfig, base: list[str], cfg_args: list[str]):
+    """Key, ports and relay processes; returns (overrides for every process, relays)."""
+    from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+
+    sc = cfg.shardcast
+    paths = cfg.run_paths()
+    key = load_or_create_key(Path(sc.key_file) if sc.key_file else paths["keys"] / "trainer.key")
+    origin_port = sc.origin_port or _free_port(sc.host)
+    origin_url = f"http://{sc.host}:{origin_port}"
+    extra = [f"shardcast.origin_port={origin_port}", f"shardcast.public_key={public_key_hex(key)}"]
+    relays, relay_urls = [], []
+    for i in range(sc.relays):
+        port = _free_port(sc.host)
+        relay_urls.append(f"http://{sc.host}:{port}")
+        argv = base + ["relay", "--upstream", origin_url, "--port", str(port)]
+        argv += ["--dir", str(paths["relays"] / f"relay-{i}"), *cfg_args, *extra]
+        log_path = paths["logs"] / f"relay-{i}.log"
+        relays.append(Proc(f"relay-{i}", argv, log_path, threads=1, exits_when_done=False))
+    if not sc.servers:
+        extra.append("shardcast.servers=" + json.dumps(relay_urls or [origin_url]))
+    return extra, relays
+
+
+def weights_lag(run: Path, last: int = 8) -> float | None:
+    """Mean seconds from publish to a worker having the version, over the last rows."""
+    try:
+        lines = (run / "weights_latency.jsonl").read_text().splitlines()[-last:]
+    except FileNotFoundError:
+        return None
+    rows = [json.loads(x) for x in lines if x.strip()]
+    return sum(r["latency_s"] for r in rows) / len(rows) if rows else None
+
+
 class Progress:
     """One status line: a rewritten line on a terminal, a line per step otherwise."""
 
@@ -124,11 +168,13 @@ class Progress:
         eta = per_step * (self.cfg.trainer.steps - last["step"])
         samples_s = sum(r["samples"] for r in rows) / max(last["elapsed_s"], 1e-9)
         rejected = sum(r["rejected_files"] for r in rows)
+        lag = weights_lag(self.metrics.parent)
+        lag_s = f" | weights lag {lag:.2f}s" if lag is not None else ""
         line = (
             f"step {last['step']}/{self.cfg.trainer.steps} | reward {last['reward']:.3f} "
             f"(first {rows[0]['reward']:.3f}) | staleness {last['staleness']:.2f} | "
             f"{samples_s:.0f} samples/s | workers {alive_workers}/{self.cfg.launcher.workers} | "
-            f"rejected {rejected} | ETA {_fmt_s(eta)}"
+            f"rejected {rejected}{lag_s} | ETA {_fmt_s(eta)}"
         )
         self.shown = last["step"]
         if self.tty:
@@ -164,6 +210,10 @@ def launch(
     run = prepare_run_dir(cfg, resume, fresh)
     base = [sys.executable, "-m", "swarmrl"]
     cfg_args = (["--config", config_path] if config_path else []) + list(overrides)
+    relays: list[Proc] = []
+    if cfg.shardcast.enabled:
+        extra, relays = _shardcast_setup(cfg, base, cfg_args)
+        cfg_args = cfg_args + extra
     trainer = Proc(
         "trainer",
         base + ["trainer", *cfg_args] + (["--resume"] if resume else []),
@@ -180,7 +230,8 @@ def launch(
         )
         for i in range(cfg.launcher.workers)
     ]
-    procs = [trainer, *workers]
+    helpers = [*relays, *workers]  # restarted when they die
+    procs = [trainer, *helpers]
     stop_requested = {"sig": None}
 
     def on_signal(signum, _frame):
@@ -189,7 +240,8 @@ def launch(
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     progress = Progress(cfg, run / "metrics.jsonl")
     print(
-        f"swarmrl: run '{cfg.name}' in {run}: trainer + {len(workers)} workers; logs in {run / 'logs'}",
+        f"swarmrl: run '{cfg.name}' in {run}: trainer + {len(relays)} relays + "
+        f"{len(workers)} workers; logs in {run / 'logs'}",
         flush=True,
     )
     for p in procs:
@@ -216,7 +268,7 @@ def launch(
                     code = 1
                 break
             failed = None
-            for w in workers:
+            for w in helpers:
                 wrc = w.poll()
                 if wrc is None or wrc == 0:  # 0: the trainer said the run is done
                     continue
@@ -253,6 +305,9 @@ def launch(
             print(
                 f"swarmrl: done in {rows[-1]['elapsed_s']:.0f}s: mean reward first {k} steps {first:.3f}, last {k} steps {last:.3f} ({last - first:+.3f})"
             )
+        lag = weights_lag(run, last=1 << 30)
+        if lag is not None:
+            print(f"swarmrl: weights reached workers {lag:.2f}s after publish on average")
         print(
             f"swarmrl: metrics {run / 'metrics.jsonl'}, plot {run / 'report.png'}, model {run / 'final'}"
         )
@@ -262,7 +317,7 @@ def launch(
 def _stop_all(procs: list[Proc], graceful: bool) -> None:
     if graceful:  # workers exit by themselves once the trainer reports done
         deadline = time.time() + GRACE_S
-        while time.time() < deadline and any(p.poll() is None for p in procs):
+        while time.time() < deadline and any(p.poll() is None for p in procs if p.exits_when_done):
             time.sleep(0.1)
     for p in procs:
         p.signal(signal.SIGTERM)

@@ -3,7 +3,8 @@
 Forever: take the newest policy version allowed, ask for an assignment,
 generate `groups_per_file` prompt groups of `group_size` completions, score
 them with the task's verifier, write one rollout file and put it in the store.
-Weights are hot-swapped whenever a newer version is complete. The loop ends
+Weights are hot-swapped whenever a newer version is complete (downloaded
+through SHARDCAST by default, see shardcast/source.py). The loop ends
 when the trainer's status says the run is done.
 """
 
@@ -26,7 +27,7 @@ from swarmrl.protocol.assign import (
     rollout_key,
 )
 from swarmrl.protocol.store import LocalDirStore
-from swarmrl.shardcast.local import LocalWeights
+from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.dataset import TaskSource
 from swarmrl.tasks.length import length_penalty
 from swarmrl.tasks.verifiers import verify
@@ -92,7 +93,7 @@ def run_worker(cfg: RunConfig, index: int) -> None:
     paths = cfg.run_paths()
     # Until nodes have keys (protocol issue) a node is a random id per process.
     node = os.urandom(16).hex()
-    weights = LocalWeights(paths["weights"])
+    weights = open_weights_source(cfg, f"worker-{index}")
     store = LocalDirStore(paths["store"])
     max_pending = cfg.worker.max_pending_groups or cfg.trainer.batch_groups
     assigner = LocalAssigner(paths["status"], store, cfg.seed, cfg.async_level, max_pending)

@@ -12,7 +12,15 @@ import re
 import shutil
 from pathlib import Path
 
-from swarmrl.shardcast.manifest import MANIFEST, Manifest, verify_version, write_manifest
+from nacl.signing import SigningKey
+
+from swarmrl.shardcast.manifest import (
+    MANIFEST,
+    SHARD_BYTES,
+    Manifest,
+    verify_version,
+    write_manifest,
+)
 
 _VERSION_DIR = re.compile(r"^step_(\d{6,})$")
 
@@ -24,9 +32,19 @@ def version_dir_name(version: int) -> str:
 class LocalWeights:
     """WeightsSink and WeightsSource over a directory."""
 
-    def __init__(self, root: Path, keep: int = 3):
+    def __init__(
+        self,
+        root: Path,
+        keep: int = 3,
+        key: SigningKey | None = None,
+        shard_bytes: int = SHARD_BYTES,
+        trusted_key: str | None = None,
+    ):
         self.root = Path(root)
         self.keep = keep
+        self.key = key
+        self.shard_bytes = shard_bytes
+        self.trusted_key = trusted_key
         self.root.mkdir(parents=True, exist_ok=True)
 
     # -- sink -------------------------------------------------------------
@@ -40,14 +58,26 @@ class LocalWeights:
         return d
 
     def publish(self, version: int) -> Manifest:
-        manifest = write_manifest(self.root / version_dir_name(version), version)
-        self._retain()
+        """Hash, shard, sign (when a key was given) and commit version; apply retention."""
+        manifest = write_manifest(
+            self.root / version_dir_name(version), version, self.shard_bytes, self.key
+        )
+        self.retain()
         return manifest
 
-    def _retain(self) -> None:
+    def retain(self) -> list[int]:
+        """Delete all but the newest `keep` versions; return the deleted ones."""
         versions = self.versions()
-        for v in versions[: max(0, len(versions) - self.keep)]:
-            shutil.rmtree(self.root / version_dir_name(v), ignore_errors=True)
+        dropped = versions[: max(0, len(versions) - self.keep)]
+        for v in dropped:
+            self.delete(v)
+        return dropped
+
+    def delete(self, version: int) -> None:
+        d = self.root / version_dir_name(version)
+        # The manifest goes first, so a half-deleted version is never "complete".
+        (d / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
 
     # -- source -----------------------------------------------------------
     def versions(self) -> list[int]:
@@ -67,5 +97,5 @@ class LocalWeights:
 
     def open_verified(self, version: int) -> Path:
         d = self.path(version)
-        verify_version(d)
+        verify_version(d, self.trusted_key)
         return d

@@ -3,8 +3,15 @@
 `manifest.json` lists every file with its size, sha256 and per-shard sha256
 (shards of `shard_bytes`, 50 MB by default), and is written last, atomically
 (temp file + rename): a version is complete exactly when its manifest exists.
-`signer` and `signature` are empty until SHARDCAST signs manifests (issue 3);
-`verify_version` checks sizes and hashes, not signatures, for now.
+
+Signing: `signature` is the trainer's ed25519 signature (hex) of
+`b"swarmrl-manifest-v1\n"` + the manifest as canonical JSON (sorted keys, no
+spaces) with `signature` set to "". `signer` (the public key, hex) is inside
+what is signed. A reader trusts a manifest only when `signer` equals the key it
+was told to trust and the signature checks; the version number is signed too,
+so an old manifest cannot be replayed under a newer version. Unsigned
+manifests (signer "") exist only for local runs without SHARDCAST and for the
+starting model built by `init-model`.
 """
 
 from __future__ import annotations
@@ -15,11 +22,13 @@ import os
 import time
 from pathlib import Path
 
+from nacl.signing import SigningKey
 from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST = "manifest.json"
 SHARD_BYTES = 50 * 1000 * 1000
 MAX_MANIFEST_BYTES = 1 << 20
+SIGNING_CONTEXT = b"swarmrl-manifest-v1\n"
 
 
 class ManifestError(RuntimeError):
@@ -35,7 +44,7 @@ class Shard(BaseModel):
 
 class FileEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=255)
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", max_length=255)
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     shards: list[Shard]
@@ -46,8 +55,39 @@ class Manifest(BaseModel):
     version: int = Field(ge=0)
     files: list[FileEntry]
     created: float
-    signer: str = ""
-    signature: str = ""
+    signer: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+    signature: str = Field("", pattern=r"^([0-9a-f]{128})?$")
+
+    def file(self, name: str) -> FileEntry | None:
+        return next((f for f in self.files if f.name == name), None)
+
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def signing_payload(self) -> bytes:
+        body = self.model_dump()
+        body["signature"] = ""
+        return SIGNING_CONTEXT + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    def signed(self, key: SigningKey) -> Manifest:
+        from swarmrl.protocol.identity import public_key_hex, sign
+
+        m = self.model_copy(update={"signer": public_key_hex(key), "signature": ""})
+        return m.model_copy(update={"signature": sign(key, m.signing_payload())})
+
+    def check_signature(self, trusted_key: str) -> None:
+        """Raise ManifestError unless `trusted_key` signed this manifest. Fails closed."""
+        from swarmrl.protocol.identity import verify
+
+        if not self.signature:
+            raise ManifestError(f"manifest of version {self.version} is not signed")
+        if self.signer != trusted_key.strip().lower():
+            raise ManifestError(
+                f"manifest of version {self.version} is signed by {self.signer[:16]}..., "
+                f"not by the trusted trainer key {trusted_key[:16]}..."
+            )
+        if not verify(self.signer, self.signing_payload(), self.signature):
+            raise ManifestError(f"manifest of version {self.version} has a bad signature")
 
 
 def hash_file(path: Path, shard_bytes: int = SHARD_BYTES) -> FileEntry:
@@ -78,7 +118,12 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def write_manifest(directory: Path, version: int, shard_bytes: int = SHARD_BYTES) -> Manifest:
+def write_manifest(
+    directory: Path,
+    version: int,
+    shard_bytes: int = SHARD_BYTES,
+    key: SigningKey | None = None,
+) -> Manifest:
     files = sorted(
         p
         for p in directory.iterdir()
@@ -87,23 +132,47 @@ def write_manifest(directory: Path, version: int, shard_bytes: int = SHARD_BYTES
     manifest = Manifest(
         version=version, files=[hash_file(p, shard_bytes) for p in files], created=time.time()
     )
+    if key is not None:
+        manifest = manifest.signed(key)
     write_json_atomic(directory / MANIFEST, manifest.model_dump())
     return manifest
+
+
+def parse_manifest(data: bytes, where: str = "manifest") -> Manifest:
+    """Parse and validate manifest bytes: size limit, schema, shards tiling each file."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{where}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        m = Manifest.model_validate_json(data)
+    except ValueError as e:
+        raise ManifestError(f"{where}: malformed manifest: {e}") from None
+    names = [f.name for f in m.files]
+    if len(set(names)) != len(names) or MANIFEST in names:
+        raise ManifestError(f"{where}: duplicate or reserved file names")
+    for f in m.files:
+        pos = 0
+        for sh in f.shards:
+            if sh.offset != pos:
+                raise ManifestError(f"{where}: shards of {f.name} do not tile the file")
+            pos += sh.size
+        if pos != f.size or not f.shards:
+            raise ManifestError(f"{where}: shards of {f.name} do not add up to its size")
+    return m
 
 
 def read_manifest(directory: Path) -> Manifest:
     path = directory / MANIFEST
     if path.stat().st_size > MAX_MANIFEST_BYTES:
         raise ManifestError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
-    try:
-        return Manifest.model_validate_json(path.read_bytes())
-    except ValueError as e:
-        raise ManifestError(f"{path}: malformed manifest: {e}") from None
+    return parse_manifest(path.read_bytes(), str(path))
 
 
-def verify_version(directory: Path) -> Manifest:
-    """Check every listed file against its size and sha256; raise on mismatch."""
+def verify_version(directory: Path, trusted_key: str | None = None) -> Manifest:
+    """Check every listed file against its size and sha256 (and, given a trusted
+    key, the manifest's signature); raise ManifestError on any mismatch."""
     manifest = read_manifest(directory)
+    if trusted_key is not None:
+        manifest.check_signature(trusted_key)
     for entry in manifest.files:
         p = directory / entry.name
         if not p.is_file() or p.stat().st_size != entry.size:

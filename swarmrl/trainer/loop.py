@@ -9,6 +9,9 @@ nothing:
 4. save trainer state n (optimizer, consumed rollout keys, elapsed time);
 5. publish version n (manifest last) — the commit point;
 6. delete the consumed rollout files.
+Steps 5 and 6 run on the publisher's background thread (shardcast/origin.py)
+from a snapshot of the weights, so training step n+1 does not wait for disk,
+hashing or signing; they still happen in this order, version after version.
 Resume (`--resume`) starts after the newest version v that has a trainer
 state: it truncates metrics rows past v, deletes rollout files that v already
 consumed, and restores the optimizer and the carried-over groups, so step v+1
@@ -29,9 +32,11 @@ import torch
 from swarmrl.config import RunConfig
 from swarmrl.inference.rollouts import Limits
 from swarmrl.models.loading import load_model, load_tokenizer
+from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import write_json_atomic
+from swarmrl.shardcast.origin import Origin, Publisher
 from swarmrl.trainer.batch import BatchCollector, Sample, restore_unpublished
 from swarmrl.trainer.step import grpo_update
 
@@ -59,11 +64,32 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
     tmp.replace(path)
 
 
-def _publish(weights: LocalWeights, model, tokenizer, version: int) -> None:
-    d = weights.staging_dir(version)
-    model.save_pretrained(d, safe_serialization=True)
-    tokenizer.save_pretrained(d)
-    weights.publish(version)
+def _publish(publisher: Publisher, model, tokenizer, version: int, then=None) -> None:
+    snapshot = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    def write(d: Path) -> None:
+        model.save_pretrained(d, state_dict=snapshot, safe_serialization=True)
+        tokenizer.save_pretrained(d)
+
+    publisher.submit(version, write, then)
+
+
+def _open_weights(cfg: RunConfig, paths: dict) -> tuple[LocalWeights, Origin | None]:
+    sc = cfg.shardcast
+    keep = cfg.async_level + 1
+    if not sc.enabled:
+        return LocalWeights(paths["weights"], keep=keep), None
+    key = load_or_create_key(Path(sc.key_file) if sc.key_file else paths["keys"] / "trainer.key")
+    weights = LocalWeights(
+        paths["weights"],
+        keep=keep,
+        key=key,
+        shard_bytes=int(sc.shard_mb * 1e6),
+        trusted_key=public_key_hex(key),
+    )
+    origin = Origin(weights, sc.host, sc.origin_port, sc.max_upload_mbps * 1e6)
+    origin.start()
+    return weights, origin
 
 
 def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
@@ -71,7 +97,17 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
     torch.manual_seed(cfg.seed)
     paths = cfg.run_paths()
     paths["trainer_state"].mkdir(parents=True, exist_ok=True)
-    weights = LocalWeights(paths["weights"], keep=cfg.async_level + 1)
+    weights, origin = _open_weights(cfg, paths)
+    publisher = Publisher(weights, origin)
+    try:
+        _train(cfg, resume, paths, weights, publisher)
+    finally:
+        publisher.close()
+        if origin is not None:
+            origin.stop()
+
+
+def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publisher) -> None:
     store = LocalDirStore(paths["store"])
     tokenizer = load_tokenizer(cfg.model.path)
     pad_id = tokenizer.pad_token_id
@@ -99,7 +135,7 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
         model = load_model(cfg.model.path, cfg.model.dtype)
         paths["metrics"].unlink(missing_ok=True)
         if 0 not in weights.versions():
-            _publish(weights, model, tokenizer, 0)
+            _publish(publisher, model, tokenizer, 0)
     ref_model = None
     if cfg.trainer.kl_coef > 0:
         ref_model = load_model(cfg.model.path, cfg.model.dtype)
@@ -175,12 +211,15 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
             tmp,
         )
         tmp.replace(state_file)
-        _publish(weights, model, tokenizer, step)
-        for key in batch.consumed:
-            store.delete(key)
-        for old in paths["trainer_state"].glob("step_*.pt"):
-            if int(old.stem.split("_")[1]) < step - cfg.async_level:
-                old.unlink(missing_ok=True)
+
+        def after_publish(step=step, consumed=batch.consumed) -> None:
+            for key in consumed:
+                store.delete(key)
+            for old in paths["trainer_state"].glob("step_*.pt"):
+                if int(old.stem.split("_")[1]) < step - cfg.async_level:
+                    old.unlink(missing_ok=True)
+
+        _publish(publisher, model, tokenizer, step, after_publish)
         log.info(
             "step %d reward %.3f loss %.4f grad %.3f staleness %.2f samples %d dropped %d wait %.1fs train %.1fs",
             step,
@@ -194,6 +233,7 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
             train_s,
         )
 
+    publisher.flush()
     final = paths["run"] / "final"
     if final.exists():
         shutil.rmtree(final)

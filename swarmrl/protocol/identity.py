@@ -1,0 +1,78 @@
+"""Identities: ed25519 keys (PyNaCl) for the trainer and, later, every node.
+
+A key file holds the 32-byte seed as hex, created with mode 0600. The public
+key, also hex, is what others are told to trust: the trainer's public key is
+the only thing a relay, worker or validator needs to check every manifest.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nacl.exceptions import BadSignatureError
+from nacl.signing import SigningKey, VerifyKey
+
+
+class IdentityError(ValueError):
+    """A key file or public key that cannot be used."""
+
+
+def load_or_create_key(path: Path) -> SigningKey:
+    path = Path(path)
+    if path.exists():
+        return load_key(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = SigningKey.generate()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.encode().hex() + "\n")
+    os.replace(tmp, path)
+    path.with_suffix(".pub").write_text(public_key_hex(key) + "\n")
+    return key
+
+
+def load_key(path: Path) -> SigningKey:
+    text = Path(path).read_text().strip()
+    try:
+        seed = bytes.fromhex(text)
+    except ValueError:
+        raise IdentityError(f"{path}: not a hex ed25519 seed") from None
+    if len(seed) != 32:
+        raise IdentityError(f"{path}: ed25519 seed must be 32 bytes, got {len(seed)}")
+    return SigningKey(seed)
+
+
+def public_key_hex(key: SigningKey) -> str:
+    return key.verify_key.encode().hex()
+
+
+def parse_public_key(text: str) -> VerifyKey:
+    text = text.strip()
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise IdentityError(f"public key {text[:80]!r} is not hex") from None
+    if len(raw) != 32:
+        raise IdentityError(f"an ed25519 public key is 32 bytes, got {len(raw)}")
+    return VerifyKey(raw)
+
+
+def sign(key: SigningKey, message: bytes) -> str:
+    return key.sign(message).signature.hex()
+
+
+def verify(public_key: str, message: bytes, signature: str) -> bool:
+    """True when `signature` (hex) is `public_key`'s signature of `message`."""
+    try:
+        sig = bytes.fromhex(signature)
+    except ValueError:
+        return False
+    if len(sig) != 64:
+        return False
+    try:
+        parse_public_key(public_key).verify(message, sig)
+    except (BadSignatureError, IdentityError):
+        return False
+    return True

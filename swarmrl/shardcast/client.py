@@ -1,0 +1,459 @@
+"""The SHARDCAST client: follow upstream servers, download versions shard by shard.
+
+`Follower` is the engine shared by workers, validators and relays. It long-polls
+every server's `/versions`, and when a version newer than what it holds is
+announced it fetches the manifest (rejected unless signed by the trusted
+trainer key, for the version asked), then downloads the shards in parallel
+straight into the files of `<root>/step_<n>/`, writing the manifest last.
+
+Server choice (`ServerPool`): each server has exponential moving averages of
+throughput (bytes/s) and success (0..1). A shard goes to the server with the
+best throughput × success / (1 + downloads in progress there); a server not
+yet measured is tried first. A failure counts as zero throughput and backs the
+server off exponentially (0.25 s doubling to 30 s). A broken transfer resumes
+where it stopped, with `Range`, on the best other server, the running sha256
+carried over. A shard whose hash does not match marks every server that sent
+bytes of it (`bad_data`, logged and counted for reporting to the orchestrator)
+and is refetched from the start elsewhere; those servers are not asked for
+that shard again.
+
+Memory: bytes go from the socket to `pwrite` in chunks of at most 4 MB; a
+client holds at most `parallel` chunks, whatever the checkpoint size. The
+whole-file sha256 is not recomputed here: the per-shard hashes, all signed,
+cover every byte; `LocalWeights.open_verified` re-checks whole files before a
+worker loads a version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from swarmrl.shardcast.local import LocalWeights
+from swarmrl.shardcast.manifest import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    Shard,
+    parse_manifest,
+)
+
+log = logging.getLogger("swarmrl.shardcast.client")
+
+CHUNK = 4 << 20
+EMA_ALPHA = 0.3
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.25, 30.0
+MAX_SHARD_ATTEMPTS = 12
+POLL_WAIT_S = 30.0
+POLL_RETRY_S = 1.0
+
+
+class ShardcastError(RuntimeError):
+    pass
+
+
+class _BadStatus(RuntimeError):
+    pass
+
+
+@dataclass
+class ServerStats:
+    url: str
+    ema_bps: float | None = None
+    ema_ok: float = 1.0
+    failures: int = 0
+    backoff_until: float = 0.0
+    active: int = 0
+    bad_shards: int = 0
+    bytes: int = 0
+    versions: list[int] = field(default_factory=list)
+
+    def score(self) -> float:
+        bps = self.ema_bps if self.ema_bps is not None else float("inf")
+        return bps * self.ema_ok / (1 + self.active)
+
+
+class ServerPool:
+    """Per-server throughput and success, and the choice of a server per shard."""
+
+    def __init__(self, urls: list[str]):
+        if not urls:
+            raise ShardcastError("no SHARDCAST servers given")
+        self.servers = {u.rstrip("/"): ServerStats(u.rstrip("/")) for u in urls}
+        self.changed = asyncio.Event()
+
+    def pick(self, version: int, exclude: set[str]) -> ServerStats | None:
+        now = time.monotonic()
+        ok = [
+            s
+            for s in self.servers.values()
+            if s.url not in exclude and version in s.versions and s.backoff_until <= now
+        ]
+        return max(ok, key=ServerStats.score) if ok else None
+
+    def success(self, s: ServerStats, nbytes: int, seconds: float) -> None:
+        bps = nbytes / max(seconds, 1e-6)
+        s.ema_bps = bps if s.ema_bps is None else EMA_ALPHA * bps + (1 - EMA_ALPHA) * s.ema_bps
+        s.ema_ok = EMA_ALPHA + (1 - EMA_ALPHA) * s.ema_ok
+        s.failures = 0
+        s.bytes += nbytes
+
+    def failure(self, s: ServerStats, why: str) -> None:
+        s.ema_bps = 0.0 if s.ema_bps is None else (1 - EMA_ALPHA) * s.ema_bps
+        s.ema_ok = (1 - EMA_ALPHA) * s.ema_ok
+        s.failures += 1
+        delay = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2 ** (s.failures - 1))
+        s.backoff_until = time.monotonic() + delay
+        log.warning("server %s failed (%s); backing off %.2fs", s.url, why, delay)
+
+    def bad_data(self, s: ServerStats, what: str) -> None:
+        s.bad_shards += 1
+        self.failure(s, f"served bad data: {what}")
+        log.error("server %s served bad data (%s); reported", s.url, what)
+
+    def next_ready_in(self, version: int, exclude: set[str]) -> float | None:
+        """Seconds until some non-excluded server announcing `version` leaves backoff."""
+        now = time.monotonic()
+        waits = [
+            max(0.0, s.backoff_until - now)
+            for s in self.servers.values()
+            if s.url not in exclude and version in s.versions
+        ]
+        return min(waits) if waits else None
+
+    def snapshot(self) -> dict[str, dict]:
+        return {
+            u: {
+                "ema_MBps": None if s.ema_bps is None else round(s.ema_bps / 1e6, 2),
+                "ema_ok": round(s.ema_ok, 3),
+                "bad_shards": s.bad_shards,
+                "MB": round(s.bytes / 1e6, 1),
+            }
+            for u, s in self.servers.items()
+        }
+
+
+@dataclass
+class _ShardState:
+    """A shard being downloaded: bytes so far and their running hash (kept across
+    a Range resume on another server)."""
+
+    pos: int = 0
+    hasher: object = field(default_factory=hashlib.sha256)
+
+
+@dataclass
+class Fetched:
+    version: int
+    seconds: float
+    bytes: int
+    latency_s: float  # from the manifest's creation (publish) to having the version
+
+
+ProgressFn = Callable[[int, str, int, int], None]
+
+
+async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    data = await resp.content.read(limit + 1)
+    if len(data) > limit:
+        raise ManifestError(f"manifest larger than {limit} bytes")
+    return data
+
+
+class Follower:
+    """Mirror the newest versions announced by `servers` into `root`.
+
+    Hooks (all called on the follower's event loop) let a relay serve what is
+    in flight: `on_manifest(manifest, bytes, dir)` before any shard arrives,
+    `on_progress(version, file, shard, nbytes)` as bytes land,
+    `on_complete(version)` once the manifest is written, `on_drop(version)`
+    when a version is deleted.
+    """
+
+    def __init__(
+        self,
+        servers: list[str],
+        trusted_key: str,
+        root: Path,
+        keep: int = 2,
+        parallel: int = 4,
+        follow_drops: bool = False,
+        poll_wait_s: float = POLL_WAIT_S,
+        on_manifest: Callable[[Manifest, bytes, Path], None] | None = None,
+        on_progress: ProgressFn | None = None,
+        on_complete: Callable[[int], None] | None = None,
+        on_drop: Callable[[int], None] | None = None,
+        on_fetched: Callable[[Fetched], None] | None = None,
+    ):
+        self.server_urls = servers
+        self.trusted_key = trusted_key
+        self.local = LocalWeights(root, keep=keep, trusted_key=trusted_key)
+        self.parallel = parallel
+        self.follow_drops = follow_drops
+        self.poll_wait_s = poll_wait_s
+        self.on_manifest = on_manifest
+        self.on_progress = on_progress
+        self.on_complete = on_complete
+        self.on_drop = on_drop
+        self.on_fetched = on_fetched
+        self.pool: ServerPool | None = None
+        self.failed: dict[int, str] = {}  # versions given up on, with the reason
+        self.in_flight: int | None = None
+
+    # -- discovery ---------------------------------------------------------
+    async def _poll(self, session: aiohttp.ClientSession, s: ServerStats) -> None:
+        after = -1
+        while True:
+            try:
+                url = f"{s.url}/versions?after={after}&wait={self.poll_wait_s}"
+                timeout = aiohttp.ClientTimeout(total=self.poll_wait_s + 15)
+                async with session.get(url, timeout=timeout) as r:
+                    if r.status != 200:
+                        raise _BadStatus(f"HTTP {r.status}")
+                    body = await r.json()
+                versions = body["versions"]
+                if not isinstance(versions, list) or not all(
+                    isinstance(v, int) and v >= 0 for v in versions
+                ):
+                    raise _BadStatus("malformed /versions answer")
+            except (aiohttp.ClientError, TimeoutError, _BadStatus, ValueError, KeyError) as e:
+                # Recovered: a server we cannot reach announces nothing until it answers
+                # again; asked again every second (a relay often starts before its upstream).
+                if s.versions:
+                    log.warning("server %s: /versions failed (%s)", s.url, e)
+                s.versions = []
+                self.pool.changed.set()
+                await asyncio.sleep(POLL_RETRY_S)
+                continue
+            s.versions = sorted(versions)
+            if s.versions:
+                after = s.versions[-1]
+            self.pool.changed.set()
+
+    def _announced(self) -> set[int]:
+        return {v for s in self.pool.servers.values() for v in s.versions}
+
+    # -- main loop ----------------------------------------------------------
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        self.pool = ServerPool(self.server_urls)
+        conn = aiohttp.TCPConnector(limit=0, force_close=False)
+        async with aiohttp.ClientSession(connector=conn, read_bufsize=CHUNK) as session:
+            polls = [
+                asyncio.create_task(self._poll(session, s)) for s in self.pool.servers.values()
+            ]
+            try:
+                while not stop.is_set():
+                    self.pool.changed.clear()
+                    have = self.local.versions()
+                    announced = self._announced()
+                    if self.follow_drops:
+                        self._follow_drops(announced)
+                    todo = [
+                        v for v in announced if v not in self.failed and (not have or v > have[-1])
+                    ]
+                    if todo:
+                        await self._fetch(session, max(todo))
+                        continue
+                    waiter = asyncio.create_task(self.pool.changed.wait())
+                    stopper = asyncio.create_task(stop.wait())
+                    await asyncio.wait(
+                        [waiter, stopper], timeout=5.0, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    waiter.cancel()
+                    stopper.cancel()
+            finally:
+                for t in polls:
+                    t.cancel()
+                await asyncio.gather(*polls, return_exceptions=True)
+
+    def _follow_drops(self, announced: set[int]) -> None:
+        """A relay deletes versions older than everything its upstreams still serve."""
+        if not announced:
+            return
+        for v in self.local.versions():
+            if v < min(announced):
+                self._delete(v)
+
+    def _delete(self, v: int) -> None:
+        self.local.delete(v)
+        if self.on_drop:
+            self.on_drop(v)
+
+    async def _fetch(self, session: aiohttp.ClientSession, version: int) -> None:
+        self.in_flight = version
+        try:
+            got = await self._fetch_manifest(session, version)
+            if got is None:
+                return
+            manifest, raw = got
+            t0 = time.time()
+            d = self.local.staging_dir(version)
+            try:
+                await self._fetch_shards(session, manifest, raw, d)
+            except ShardcastError as e:
+                log.error("version %d: %s; giving up on it", version, e)
+                self.failed[version] = str(e)
+                shutil.rmtree(d, ignore_errors=True)
+                if self.on_drop:
+                    self.on_drop(version)
+                return
+            tmp = d / f".{MANIFEST}.tmp"
+            tmp.write_bytes(raw)
+            os.replace(tmp, d / MANIFEST)
+            now = time.time()
+            fetched = Fetched(version, now - t0, manifest.total_bytes(), now - manifest.created)
+            log.info(
+                "version %d: %.1f MB in %.2fs (%.2fs after publish); servers %s",
+                version,
+                fetched.bytes / 1e6,
+                fetched.seconds,
+                fetched.latency_s,
+                self.pool.snapshot(),
+            )
+            if self.on_complete:
+                self.on_complete(version)
+            for v in self.local.retain():
+                if self.on_drop:
+                    self.on_drop(v)
+            if self.on_fetched:
+                self.on_fetched(fetched)
+        finally:
+            self.in_flight = None
+
+    async def _fetch_manifest(
+        self, session: aiohttp.ClientSession, version: int
+    ) -> tuple[Manifest, bytes] | None:
+        tried: set[str] = set()
+        while True:
+            s = self.pool.pick(version, tried)
+            if s is None:
+                wait = self.pool.next_ready_in(version, tried)
+                if wait is None:
+                    self.failed[version] = "no server served a valid manifest"
+                    log.error("version %d: no server served a valid manifest", version)
+                    return None
+                await asyncio.sleep(wait)
+                continue
+            tried.add(s.url)
+            try:
+                async with session.get(f"{s.url}/v/{version}/manifest.json") as r:
+                    if r.status != 200:
+                        raise _BadStatus(f"HTTP {r.status}")
+                    raw = await _read_limited(r, MAX_MANIFEST_BYTES)
+            except (aiohttp.ClientError, TimeoutError, _BadStatus) as e:
+                self.pool.failure(s, f"manifest {version}: {e}")
+                continue
+            try:
+                manifest = parse_manifest(raw, f"{s.url} version {version}")
+                manifest.check_signature(self.trusted_key)
+                if manifest.version != version:
+                    raise ManifestError(
+                        f"{s.url}: asked for version {version}, manifest is {manifest.version}"
+                    )
+            except ManifestError as e:
+                self.pool.bad_data(s, str(e))
+                continue
+            return manifest, raw
+
+    async def _fetch_shards(self, session, manifest: Manifest, raw: bytes, d: Path) -> None:
+        fds = {}
+        try:
+            for fe in manifest.files:
+                fd = os.open(d / fe.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.ftruncate(fd, fe.size)
+                fds[fe.name] = fd
+            if self.on_manifest:  # a relay announces the version now, shards in flight
+                self.on_manifest(manifest, raw, d)
+            queue: asyncio.Queue[tuple[FileEntry, int, Shard]] = asyncio.Queue()
+            for fe in manifest.files:
+                for i, sh in enumerate(fe.shards):
+                    queue.put_nowait((fe, i, sh))
+
+            async def worker() -> None:
+                while not queue.empty():
+                    fe, i, sh = queue.get_nowait()
+                    await self._fetch_shard(session, manifest.version, fe, i, sh, fds[fe.name])
+
+            tasks = [asyncio.create_task(worker()) for _ in range(max(1, self.parallel))]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            for fd in fds.values():
+                os.fsync(fd)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    async def _fetch_shard(self, session, version, fe: FileEntry, index, sh: Shard, fd) -> None:
+        st = _ShardState()
+        contributors: set[str] = set()
+        excluded: set[str] = set()
+        attempts = 0
+        while True:
+            if st.pos == sh.size:
+                if st.hasher.hexdigest() == sh.sha256:
+                    return
+                what = f"version {version} {fe.name} shard {index}: sha256 mismatch"
+                for url in contributors:
+                    self.pool.bad_data(self.pool.servers[url], what)
+                excluded |= contributors
+                contributors.clear()
+                st = _ShardState()
+                if self.on_progress:
+                    self.on_progress(version, fe.name, index, 0)
+            s = self.pool.pick(version, excluded)
+            if s is None:
+                wait = self.pool.next_ready_in(version, excluded)
+                if wait is None:
+                    raise ShardcastError(f"{fe.name} shard {index}: no server left that has it")
+                await asyncio.sleep(wait + 0.01)
+                continue
+            attempts += 1
+            if attempts > MAX_SHARD_ATTEMPTS:
+                raise ShardcastError(f"{fe.name} shard {index}: {attempts - 1} failed attempts")
+            contributors.add(s.url)
+            s.active += 1
+            t0, start = time.monotonic(), st.pos
+            try:
+                await self._stream(session, s, version, fe, index, sh, fd, st)
+            except (aiohttp.ClientError, TimeoutError, _BadStatus, ConnectionError) as e:
+                # Recovered: keep what arrived; resume with Range on the best server.
+                self.pool.failure(s, f"{fe.name}/{index}: {type(e).__name__}: {e}")
+                continue
+            finally:
+                s.active -= 1
+            self.pool.success(s, st.pos - start, time.monotonic() - t0)
+
+    async def _stream(self, session, s, version, fe, index, sh, fd, st: _ShardState) -> None:
+        headers = {"Range": f"bytes={st.pos}-"} if st.pos else {}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
+        url = f"{s.url}/v/{version}/{fe.name}/{index}"
+        async with session.get(url, headers=headers, timeout=timeout) as r:
+            if r.status != (206 if st.pos else 200):
+                raise _BadStatus(f"HTTP {r.status}")
+            if r.content_length is not None and r.content_length != sh.size - st.pos:
+                raise _BadStatus(f"Content-Length {r.content_length}, expected {sh.size - st.pos}")
+            while st.pos < sh.size:
+                chunk = await r.content.read(min(CHUNK, sh.size - st.pos))
+                if not chunk:
+                    raise _BadStatus(f"connection closed at {st.pos}/{sh.size} bytes")
+                os.pwrite(fd, chunk, sh.offset + st.pos)
+                st.hasher.update(chunk)
+                st.pos += len(chunk)
+                if self.on_progress:
+                    self.on_progress(version, fe.name, index, st.pos)

@@ -1,0 +1,103 @@
+"""`swarmrl relay`: a SHARDCAST middle node.
+
+A relay follows one or more upstream servers (the origin or other relays:
+relays chain) with a `Follower`, and serves what it has with a `ShardServer`.
+It announces a version as soon as its manifest is verified against the
+trainer's key, and serves shards while they are still arriving (see
+server.py). It keeps the newest `keep` versions and deletes a version once
+no upstream serves it any longer. On restart it serves the complete versions
+it has on disk whose manifests still verify, and deletes the rest.
+
+A relay is semi-trusted: it cannot forge a manifest (it has no key), and a
+shard it corrupts is caught by the client's hash check and refetched elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from swarmrl.shardcast.client import Follower
+from swarmrl.shardcast.local import LocalWeights
+from swarmrl.shardcast.manifest import MANIFEST, ManifestError, read_manifest
+from swarmrl.shardcast.server import ServedVersion, ShardServer, VersionTable
+
+log = logging.getLogger("swarmrl.shardcast.relay")
+
+
+def _load_existing(local: LocalWeights, trusted_key: str, table: VersionTable) -> None:
+    for v in local.versions():
+        d = local.path(v)
+        try:
+            manifest = read_manifest(d)
+            manifest.check_signature(trusted_key)
+        except ManifestError as e:
+            log.warning("deleting version %d on disk: %s", v, e)
+            local.delete(v)
+            continue
+        table.announce(ServedVersion(manifest, (d / MANIFEST).read_bytes(), d, complete=True))
+
+
+async def serve_relay(
+    upstreams: list[str],
+    trusted_key: str,
+    root: Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    keep: int = 3,
+    parallel: int = 4,
+    max_bytes_per_s: float = 0.0,
+    poll_wait_s: float = 30.0,
+    stop: asyncio.Event | None = None,
+    on_ready=None,
+) -> None:
+    stop = stop or asyncio.Event()
+    table = VersionTable()
+    local = LocalWeights(root, keep=keep, trusted_key=trusted_key)
+    _load_existing(local, trusted_key, table)
+    server = ShardServer(table, "relay", max_bytes_per_s)
+    port = await server.start(host, port)
+    log.info("relay serving %s at http://%s:%d, following %s", root, host, port, upstreams)
+    if on_ready is not None:
+        on_ready(port)
+    follower = Follower(
+        upstreams,
+        trusted_key,
+        root,
+        keep=keep,
+        parallel=parallel,
+        follow_drops=True,
+        poll_wait_s=poll_wait_s,
+        on_manifest=lambda m, raw, d: table.announce(ServedVersion(m, raw, d, complete=False)),
+        on_progress=table.progress,
+        on_complete=table.mark_complete,
+        on_drop=table.drop,
+    )
+    follow = asyncio.create_task(follower.run(stop))
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([follow, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (follow, stopping):
+            t.cancel()
+        await asyncio.gather(stopping, return_exceptions=True)
+        try:
+            await follow
+        except asyncio.CancelledError:
+            pass
+        await server.stop()
+
+
+def run_relay(upstreams: list[str], trusted_key: str, root: Path, **kw) -> None:
+    """Blocking entry point: run until SIGTERM or SIGINT."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_relay(upstreams, trusted_key, root, stop=stop, **kw)
+
+    asyncio.run(main())

@@ -1,0 +1,114 @@
+"""Where a node's weights come from: chosen from config here, and only here.
+
+With `shardcast.enabled` (the default) a worker or validator mirrors versions
+from SHARDCAST servers into its own cache directory with a `Follower` on a
+background thread; otherwise it reads the trainer's weights directory
+directly (one machine, shared disk). Both answer `newest()` and
+`open_verified(version)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+from swarmrl.config import RunConfig
+from swarmrl.shardcast.client import Fetched, Follower
+from swarmrl.shardcast.local import LocalWeights
+
+log = logging.getLogger("swarmrl.shardcast")
+
+
+class ShardcastWeights:
+    """A node's view of the policy versions it has downloaded through SHARDCAST."""
+
+    def __init__(self, follower: Follower):
+        self.follower = follower
+        self.local = follower.local
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> ShardcastWeights:
+        ready = threading.Event()
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            ready.set()
+            await self.follower.run(self._stop)
+
+        def target() -> None:
+            try:
+                asyncio.run(main())
+            except BaseException as e:  # surfaced by newest(): the node must not go on blind
+                self.error = e
+                ready.set()
+
+        self._thread = threading.Thread(target=target, daemon=True, name="shardcast")
+        self._thread.start()
+        ready.wait()
+        return self
+
+    def newest(self) -> int | None:
+        if self.error is not None:
+            raise RuntimeError(f"SHARDCAST client failed: {self.error!r}") from self.error
+        return self.local.newest()
+
+    def open_verified(self, version: int) -> Path:
+        return self.local.open_verified(version)
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout=10)
+
+
+def trainer_public_key(cfg: RunConfig) -> str:
+    if cfg.shardcast.public_key:
+        return cfg.shardcast.public_key
+    path = cfg.run_paths()["keys"] / "trainer.pub"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no trainer public key: set shardcast.public_key or create {path}"
+        ) from None
+
+
+def open_weights_source(cfg: RunConfig, node_name: str):
+    """The weights source of one node (worker or validator) of this run."""
+    paths = cfg.run_paths()
+    if not cfg.shardcast.enabled:
+        return LocalWeights(paths["weights"])
+    if not cfg.shardcast.servers:
+        raise ValueError("shardcast.servers is empty: give the URLs of relays or the origin")
+    latency_log = paths["run"] / "weights_latency.jsonl"
+
+    def record(f: Fetched) -> None:
+        row = {
+            "version": f.version,
+            "node": node_name,
+            "latency_s": round(f.latency_s, 4),
+            "download_s": round(f.seconds, 4),
+            "bytes": f.bytes,
+            "time": time.time(),
+        }
+        with open(latency_log, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    follower = Follower(
+        cfg.shardcast.servers,
+        trainer_public_key(cfg),
+        paths["nodes"] / node_name / "weights",
+        keep=cfg.shardcast.keep_local,
+        parallel=cfg.shardcast.parallel,
+        poll_wait_s=cfg.shardcast.poll_wait_s,
+        on_fetched=record,
+    )
+    return ShardcastWeights(follower).start()
