@@ -46,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", required=True, help="weights directory (step_NNNNNN/ versions)")
     p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
     p.add_argument("--host", default=None, help="address to listen on (default shardcast.host)")
+    p = sub.add_parser("fetch", help="download one policy version through SHARDCAST and exit")
+    _common(p)
+    p.add_argument("--servers", required=True, help="comma-separated relay or origin URLs")
+    p.add_argument("--dir", required=True, help="directory to put step_NNNNNN/ into")
+    p.add_argument("--min-version", type=int, default=0, help="wait for at least this version")
+    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p = sub.add_parser("init-model", help="build and warm-start the tiny built-in model")
     p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
     p.add_argument("--out", required=True, help="output directory")
@@ -157,6 +163,25 @@ def main(argv: list[str] | None = None) -> int:
                 max_bytes_per_s=sc.max_upload_mbps * 1e6,
                 poll_wait_s=sc.poll_wait_s,
             )
+        elif args.command == "fetch":
+            import asyncio
+            import resource
+
+            from swarmrl.shardcast.client import fetch_once
+            from swarmrl.shardcast.source import trainer_public_key
+
+            got = asyncio.run(
+                fetch_once(
+                    [u.strip() for u in args.servers.split(",") if u.strip()],
+                    trainer_public_key(cfg),
+                    Path(args.dir),
+                    args.min_version,
+                    cfg.shardcast.parallel,
+                    args.timeout,
+                )
+            )
+            peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            print(json.dumps({**got.__dict__, "peak_rss_MB": peak_kb / 1024}), flush=True)
         elif args.command == "origin":
             from swarmrl.shardcast.origin import serve_directory
 

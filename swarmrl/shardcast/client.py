@@ -457,3 +457,26 @@ class Follower:
                 st.pos += len(chunk)
                 if self.on_progress:
                     self.on_progress(version, fe.name, index, st.pos)
+
+
+async def fetch_once(
+    servers: list[str],
+    trusted_key: str,
+    root: Path,
+    min_version: int = 0,
+    parallel: int = 4,
+    timeout_s: float | None = None,
+) -> Fetched:
+    """Wait for a version >= `min_version`, download it into `root`, and return.
+    The engine of `swarmrl fetch` (one-off downloads, benchmarks, debugging)."""
+    got: list[Fetched] = []
+    stop = asyncio.Event()
+
+    def fetched(f: Fetched) -> None:
+        if f.version >= min_version:
+            got.append(f)
+            stop.set()
+
+    follower = Follower(servers, trusted_key, root, parallel=parallel, on_fetched=fetched)
+    await asyncio.wait_for(follower.run(stop), timeout_s)
+    return got[0]

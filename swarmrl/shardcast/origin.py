@@ -131,9 +131,9 @@ class Publisher:
             f.result()  # re-raises the publish thread's error here, in the trainer
 
     def flush(self) -> None:
-        for f in self._pending:
+        pending, self._pending = self._pending, []
+        for f in pending:
             f.result()
-        self._pending = []
 
     def close(self) -> None:
         try:

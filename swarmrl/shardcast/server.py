@@ -180,7 +180,10 @@ class ShardServer:
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> int:
-        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # Long polls and streams in flight get 1 s to finish when the server stops.
+        self.runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0
+        )
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port, reuse_address=True)
         await site.start()
