@@ -240,6 +240,13 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _listen_overflows() -> int:
+    """Kernel-wide count of connections dropped because a listen queue was full."""
+    with open("/proc/net/netstat") as f:
+        lines = [ln.split() for ln in f if ln.startswith("TcpExt:")]
+    return int(dict(zip(lines[0][1:], lines[1][1:], strict=True))["ListenOverflows"])
+
+
 def _status_kb(pid: int, field: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -411,6 +418,14 @@ def _relay_done_time(log: Path) -> float | None:
     return None
 
 
+def _count_404s(middles: list[Proc]) -> int:
+    """Shard requests answered 404 by the middle nodes (their DEBUG request log)."""
+    n = 0
+    for m in middles:
+        n += sum('" 404 ' in line for line in m.log.read_text(errors="replace").splitlines())
+    return n
+
+
 def run_published_shardcast(
     src: Path,
     workdir: Path,
@@ -420,6 +435,7 @@ def run_published_shardcast(
     max_concurrent_downloads: int | None = None,
     poll_s: float = 0.25,
     timeout_s: float = 1800.0,
+    log_level: str = "INFO",
     keep: bool = False,
 ) -> dict:
     """Broadcast `src` with PyPI shardcast 0.3.2: origin -> `relays` middle nodes -> clients.
@@ -447,7 +463,7 @@ def run_published_shardcast(
     }
     env = _clean_env(
         {
-            "SHARDCAST_LOG_LEVEL": "INFO",
+            "SHARDCAST_LOG_LEVEL": log_level,
             "SHARDCAST_FAST_RETRY_INTERVAL": str(knobs["SHARDCAST_FAST_RETRY_INTERVAL"]),
             "SHARDCAST_SLOW_RETRY_INTERVAL": str(knobs["SHARDCAST_SLOW_RETRY_INTERVAL"]),
             "SHARDCAST_MAX_CONCURRENT_DOWNLOADS": str(knobs["SHARDCAST_MAX_CONCURRENT_DOWNLOADS"]),
@@ -517,6 +533,7 @@ def run_published_shardcast(
             sampler.watch(c.p.pid, c.name)
 
         _warm(src)
+        overflows0 = _listen_overflows()
         t_go = time.time()
         origin.p.stdin.write("go\n")
         origin.p.stdin.flush()
@@ -531,6 +548,7 @@ def run_published_shardcast(
                 if c.p.poll() is not None and c.p.returncode != 0:
                     raise RuntimeError(f"{c.name} exited {c.p.returncode}:\n{c.tail()}")
             time.sleep(0.1)
+        overflows = _listen_overflows() - overflows0
         for c in cl:
             c._reader.join(5)
         sampler.sample()
@@ -560,6 +578,7 @@ def run_published_shardcast(
             "clients_done_s": sorted(round(r["t_done"] - t0, 3) for r in rows),
             "client_version_polls": [r["polls"] for r in rows],
             "client_download_attempts": [r["attempts"] for r in rows],
+            "listen_queue_overflows": overflows,
             "throughput_MBps": round(clients * size / seconds / MB, 1),
             "peak_rss_relay_MB": mb(max(relay_hwm.values())),
             "peak_rss_client_MB": mb(max(r["vmhwm_kb"] for r in rows)),
@@ -573,6 +592,7 @@ def run_published_shardcast(
             "knobs": knobs,
             "package_defaults": PACKAGE_DEFAULTS,
             "versions": {k: v for k, v in versions.items() if k != "package_dir"},
+            **({"middle_404s": _count_404s(middles)} if log_level == "DEBUG" else {}),
             "notes": [
                 "t0 = origin process right before shardcast.broadcast() (includes its blake3 "
                 "hash and sharding copy); seconds: until the last client's download_version() "
@@ -584,8 +604,13 @@ def run_published_shardcast(
                 "every shard is fetched by a separate wget process and written to disk, then "
                 "clients concatenate shards into the output file (another full write) and "
                 "read it back for blake3.",
-                "peak_rss_*_MB: VmHWM of the node's python process; *_tree_MB: summed RSS "
-                "of the process and its wget children, sampled every 0.2 s.",
+                "peak_rss_*_MB: VmHWM of the node's python process (includes the file pages "
+                "blake3 maps to hash the whole file, hence ~file size for origin and clients); "
+                "*_tree_MB: summed RSS of the process and its wget children, sampled every "
+                "0.2 s.",
+                "listen_queue_overflows: connections the kernel dropped (client SYN retried "
+                "after >= 1 s) because a server's listen queue (5) was full, whole machine, "
+                "during the timed part.",
             ],
         }
     finally:
@@ -745,6 +770,7 @@ def main() -> None:
         default=0.25,
         help="middle node check interval and client version poll, seconds",
     )
+    ap.add_argument("--log-level", default="INFO", help="SHARDCAST_LOG_LEVEL for the package")
     ap.add_argument("--keep", action="store_true", help="keep downloaded copies")
     args = ap.parse_args()
     # A SIGTERM unwinds like an exception, so every `finally` stops the processes it started.
@@ -770,6 +796,7 @@ def main() -> None:
             args.relays,
             max_concurrent_downloads=args.max_concurrent_downloads,
             poll_s=args.poll,
+            log_level=args.log_level,
             keep=args.keep,
         )
     if args.only in (None, "nginx"):

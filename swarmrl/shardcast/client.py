@@ -57,6 +57,7 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.25, 30.0
 MAX_SHARD_ATTEMPTS = 12
 POLL_WAIT_S = 30.0
 POLL_RETRY_S = 1.0
+UNMEASURED_BPS = 1e11  # optimistic: a server not yet measured is tried early
 
 
 class ShardcastError(RuntimeError):
@@ -80,7 +81,7 @@ class ServerStats:
     versions: list[int] = field(default_factory=list)
 
     def score(self) -> float:
-        bps = self.ema_bps if self.ema_bps is not None else float("inf")
+        bps = self.ema_bps if self.ema_bps is not None else UNMEASURED_BPS
         return bps * self.ema_ok / (1 + self.active)
 
 

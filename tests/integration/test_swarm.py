@@ -36,8 +36,30 @@ def test_swarm_learns(tiny_model, tmp_path):
     assert (run / "report.png").stat().st_size > 10_000
     model = load_model(str(run / "final"))
     assert model.config.model_type == "llama"
-    for name in ("trainer.log", "worker-0.log", "worker-1.log"):
+    for name in ("trainer.log", "worker-0.log", "worker-1.log", "relay-0.log"):
         assert (run / "logs" / name).stat().st_size > 0
+    _assert_weights_came_through_the_relay(run, steps)
+
+
+def _assert_weights_came_through_the_relay(run, steps):
+    """Each worker downloaded the versions it used from the relay, never from the origin."""
+    import json
+    import re
+
+    relay_log = (run / "logs" / "relay-0.log").read_text()
+    relay_url, origin_url = re.search(
+        r"at (http://\S+), following \['(http://[^']+)'\]", relay_log
+    ).groups()
+    rows = [json.loads(x) for x in (run / "weights_latency.jsonl").read_text().splitlines()]
+    for w in ("worker-0", "worker-1"):
+        versions = sorted(r["version"] for r in rows if r["node"] == w)
+        assert len(versions) >= steps // 4, f"{w} got only versions {versions}"
+        log = (run / "logs" / f"{w}.log").read_text()
+        used = set(re.findall(r"loaded policy version (\d+)", log))
+        assert used and used <= {str(v) for v in versions}  # every version it used was downloaded
+        servers = set(re.findall(r"'(http://[^']+)': \{'ema_MBps'", log))
+        assert servers == {relay_url} and origin_url not in log
+    assert all(0 <= r["latency_s"] < 30 for r in rows)
 
 
 def test_trainer_killed_then_resumed_loses_and_repeats_nothing(tiny_model, tmp_path):
