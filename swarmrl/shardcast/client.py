@@ -17,8 +17,9 @@ bytes of it (`bad_data`, logged and counted for reporting to the orchestrator)
 and is refetched from the start elsewhere; those servers are not asked for
 that shard again.
 
-Memory: bytes go from the socket to `pwrite` in chunks of at most 4 MB; a
-client holds at most `parallel` chunks, whatever the checkpoint size. The
+Memory: bytes go from the socket to `pwrite` as they arrive (aiohttp's read
+buffer is capped at 4 MB per connection), so a client holds at most
+`parallel` such buffers, whatever the checkpoint size. The
 whole-file sha256 is not recomputed here: the per-shard hashes, all signed,
 cover every byte; `LocalWeights.open_verified` re-checks whole files before a
 worker loads a version.
@@ -88,11 +89,12 @@ class ServerStats:
 class ServerPool:
     """Per-server throughput and success, and the choice of a server per shard."""
 
-    def __init__(self, urls: list[str]):
+    def __init__(self, urls: list[str], on_bad_data: Callable[[str, str], None] | None = None):
         if not urls:
             raise ShardcastError("no SHARDCAST servers given")
         self.servers = {u.rstrip("/"): ServerStats(u.rstrip("/")) for u in urls}
         self.changed = asyncio.Event()
+        self.on_bad_data = on_bad_data
 
     def pick(self, version: int, exclude: set[str]) -> ServerStats | None:
         now = time.monotonic()
@@ -121,7 +123,9 @@ class ServerPool:
     def bad_data(self, s: ServerStats, what: str) -> None:
         s.bad_shards += 1
         self.failure(s, f"served bad data: {what}")
-        log.error("server %s served bad data (%s); reported", s.url, what)
+        log.error("server %s served bad data (%s)", s.url, what)
+        if self.on_bad_data is not None:
+            self.on_bad_data(s.url, what)
 
     def next_ready_in(self, version: int, exclude: set[str]) -> float | None:
         """Seconds until some non-excluded server announcing `version` leaves backoff."""
@@ -179,7 +183,8 @@ class Follower:
     in flight: `on_manifest(manifest, bytes, dir)` before any shard arrives,
     `on_progress(version, file, shard, nbytes)` as bytes land,
     `on_complete(version)` once the manifest is written, `on_drop(version)`
-    when a version is deleted.
+    when a version is deleted; `on_bad_data(url, what)` reports a server that
+    sent a bad shard or manifest (to the orchestrator, once it exists).
     """
 
     def __init__(
@@ -196,6 +201,7 @@ class Follower:
         on_complete: Callable[[int], None] | None = None,
         on_drop: Callable[[int], None] | None = None,
         on_fetched: Callable[[Fetched], None] | None = None,
+        on_bad_data: Callable[[str, str], None] | None = None,
     ):
         self.server_urls = servers
         self.trusted_key = trusted_key
@@ -208,6 +214,7 @@ class Follower:
         self.on_complete = on_complete
         self.on_drop = on_drop
         self.on_fetched = on_fetched
+        self.on_bad_data = on_bad_data
         self.pool: ServerPool | None = None
         self.failed: dict[int, str] = {}  # versions given up on, with the reason
         self.in_flight: int | None = None
@@ -248,7 +255,7 @@ class Follower:
     # -- main loop ----------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
-        self.pool = ServerPool(self.server_urls)
+        self.pool = ServerPool(self.server_urls, self.on_bad_data)
         conn = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=conn, read_bufsize=CHUNK) as session:
             polls = [
@@ -447,12 +454,14 @@ class Follower:
         async with session.get(url, headers=headers, timeout=timeout) as r:
             if r.status != (206 if st.pos else 200):
                 raise _BadStatus(f"HTTP {r.status}")
-            if r.content_length is not None and r.content_length != sh.size - st.pos:
+            if r.content_length != sh.size - st.pos:
                 raise _BadStatus(f"Content-Length {r.content_length}, expected {sh.size - st.pos}")
             while st.pos < sh.size:
-                chunk = await r.content.read(min(CHUNK, sh.size - st.pos))
+                chunk = await r.content.readany()
                 if not chunk:
                     raise _BadStatus(f"connection closed at {st.pos}/{sh.size} bytes")
+                if st.pos + len(chunk) > sh.size:
+                    raise _BadStatus("more bytes than the shard holds")
                 os.pwrite(fd, chunk, sh.offset + st.pos)
                 st.hasher.update(chunk)
                 st.pos += len(chunk)

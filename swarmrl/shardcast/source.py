@@ -89,6 +89,12 @@ def open_weights_source(cfg: RunConfig, node_name: str):
     if not cfg.shardcast.servers:
         raise ValueError("shardcast.servers is empty: give the URLs of relays or the origin")
     latency_log = paths["run"] / "weights_latency.jsonl"
+    reports = paths["run"] / "bad_servers.jsonl"
+
+    def report(url: str, what: str) -> None:
+        # Until the orchestrator exists, reports of bad servers go to a file of the run.
+        with open(reports, "a") as fh:
+            fh.write(json.dumps({"server": url, "node": node_name, "what": what}) + "\n")
 
     def record(f: Fetched) -> None:
         row = {
@@ -110,5 +116,6 @@ def open_weights_source(cfg: RunConfig, node_name: str):
         parallel=cfg.shardcast.parallel,
         poll_wait_s=cfg.shardcast.poll_wait_s,
         on_fetched=record,
+        on_bad_data=report,
     )
     return ShardcastWeights(follower).start()

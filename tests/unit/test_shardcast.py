@@ -136,16 +136,22 @@ def test_corrupt_relay_is_detected_marked_and_avoided(tmp_path, key):
         for off in range(0, len(blob), SHARD):
             blob[off] ^= 0xFF
         path.write_bytes(bytes(blob))
-        got = []
-        client = Follower([bad, good], pub, tmp_path / "client", on_fetched=got.append)
+        got, reports = [], []
+        client = Follower(
+            [bad, good],
+            pub,
+            tmp_path / "client",
+            on_fetched=got.append,
+            on_bad_data=lambda url, what: reports.append(url),
+        )
         task = asyncio.create_task(client.run(stop))
         await _until(lambda: got)
         stop.set()
         await task
-        return client, bad, good
+        return client, bad, good, reports
 
     try:
-        client, bad, good = asyncio.run(main())
+        client, bad, good, reports = asyncio.run(main())
     finally:
         origin.stop()
     assert (client.local.path(0) / "model.safetensors").read_bytes() == data
@@ -153,6 +159,7 @@ def test_corrupt_relay_is_detected_marked_and_avoided(tmp_path, key):
     assert client.pool.servers[bad].bad_shards >= 1
     assert client.pool.servers[good].bad_shards == 0
     assert client.pool.servers[bad].ema_ok < client.pool.servers[good].ema_ok
+    assert reports and set(reports) == {bad}  # reported, and only the guilty server
 
 
 @pytest.mark.parametrize("forgery", ["other_key", "tampered"])
