@@ -36,6 +36,7 @@ lint: $(STAMP)
 bench: $(STAMP) $(TINY)/manifest.json
 	$(PIP) -q -e '.[dev,bench]'
 	$(BIN)/python bench/grpo_vs_trl.py
+	$(BIN)/python bench/shardcast.py
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache
