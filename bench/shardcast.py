@@ -63,6 +63,15 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _free_port() -> int:
     import socket
 
@@ -96,6 +105,7 @@ def run_swarmrl(src: Path, work: Path, clients: int = 8, relays: int = 2, shard_
     served.mkdir()
     cli = [sys.executable, "-m", "swarmrl"]
     common = [f"shardcast.public_key={pub}", "shardcast.poll_wait_s=30"]
+    common += os.environ.get("SC_EXTRA", "").split()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs: list[subprocess.Popen] = []
     logs = work / "logs"
@@ -131,11 +141,18 @@ def run_swarmrl(src: Path, work: Path, clients: int = 8, relays: int = 2, shard_
             relay_urls.append(f"http://127.0.0.1:{port}")
         for u in relay_urls:
             _wait_http(u + "/health")
+        client_servers = relay_urls or [origin_url]
         client_procs = [
             start(
                 f"client-{i}",
                 cli
-                + ["fetch", "--servers", ",".join(relay_urls), "--dir", str(work / f"client-{i}")]
+                + [
+                    "fetch",
+                    "--servers",
+                    ",".join(client_servers),
+                    "--dir",
+                    str(work / f"client-{i}"),
+                ]
                 + ["--timeout", "900", *common],
             )
             for i in range(clients)
@@ -149,6 +166,8 @@ def run_swarmrl(src: Path, work: Path, clients: int = 8, relays: int = 2, shard_
             time.sleep(0.05)
         seconds = time.time() - t0
         relay_peak = max([relay_peak] + [peak_rss_mb(p.pid) for p in relay_procs])
+        relay_cpu = [cpu_s(p.pid) for p in relay_procs]
+        origin_cpu = cpu_s(procs[0].pid)
         results = []
         for i, p in enumerate(client_procs):
             if p.returncode != 0:
@@ -161,6 +180,13 @@ def run_swarmrl(src: Path, work: Path, clients: int = 8, relays: int = 2, shard_
             "peak_rss_relay_MB": round(relay_peak, 1),
             "peak_rss_client_MB": round(max(r["peak_rss_MB"] for r in results), 1),
             "client_seconds": [round(r["seconds"], 2) for r in results],
+            "cpu_s": {
+                "origin": round(origin_cpu, 2),
+                "relays": [round(c, 2) for c in relay_cpu],
+                "clients": [round(r["cpu_s"], 2) for r in results],
+                "clients_user": [round(r.get("cpu_user_s", 0), 2) for r in results],
+                "clients_ctx": [r.get("ctx_switches", 0) for r in results],
+            },
             "shard_MB": shard_mb,
         }
     finally:
@@ -188,22 +214,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument(
+        "--relays", type=int, default=2, help="swarmrl only: 0 = clients use the origin"
+    )
     ap.add_argument("--only", default="swarmrl,published,nginx")
     ap.add_argument("--workdir", default=None, help="default: a temporary directory")
     args = ap.parse_args()
     which = set(args.only.split(","))
     base = Path(args.workdir or tempfile.mkdtemp(prefix="shardcast-bench-"))
     base.mkdir(parents=True, exist_ok=True)
-    out: dict = {"mib": args.mib, "clients": args.clients, "relays": 2}
+    out: dict = {"mib": args.mib, "clients": args.clients, "relays": args.relays}
     try:
         src = base / "checkpoint.bin"
         digest = make_source(src, args.mib)
         if "swarmrl" in which:
             work = base / "swarmrl"
             work.mkdir()
-            out["swarmrl"] = run_swarmrl(src, work, args.clients)
+            out["swarmrl"] = run_swarmrl(src, work, args.clients, args.relays)
             _verify_clients(work, args.clients, digest)
-            shutil.rmtree(work)
+            if not args.workdir:
+                shutil.rmtree(work)
         if "published" in which or "nginx" in which:
             import shardcast_peers
 

@@ -180,8 +180,19 @@ def main(argv: list[str] | None = None) -> int:
                     args.timeout,
                 )
             )
-            peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            print(json.dumps({**got.__dict__, "peak_rss_MB": peak_kb / 1024}), flush=True)
+            use = resource.getrusage(resource.RUSAGE_SELF)
+            print(
+                json.dumps(
+                    {
+                        **got.__dict__,
+                        "peak_rss_MB": use.ru_maxrss / 1024,
+                        "cpu_s": use.ru_utime + use.ru_stime,
+                        "cpu_user_s": use.ru_utime,
+                        "ctx_switches": use.ru_nvcsw + use.ru_nivcsw,
+                    }
+                ),
+                flush=True,
+            )
         elif args.command == "origin":
             from swarmrl.shardcast.origin import serve_directory
 

@@ -174,7 +174,9 @@ class ShardcastConfig(_Section):
     key_file: str = Field(
         "", description="Trainer's signing key; empty: runs/<name>/keys/trainer.key (created)."
     )
-    parallel: int = Field(4, ge=1, le=64, description="Shards a node downloads at once.")
+    parallel: int = Field(
+        2, ge=1, le=64, description="Shards a node downloads at once (from different servers)."
+    )
     keep_local: int = Field(2, ge=1, le=64, description="Versions a node keeps on disk.")
     poll_wait_s: float = Field(
         30.0, gt=0.0, le=60.0, description="Long-poll duration when asking for new versions."

@@ -17,9 +17,10 @@ bytes of it (`bad_data`, logged and counted for reporting to the orchestrator)
 and is refetched from the start elsewhere; those servers are not asked for
 that shard again.
 
-Memory: bytes go from the socket to `pwrite` as they arrive (aiohttp's read
-buffer is capped at 4 MB per connection), so a client holds at most
-`parallel` such buffers, whatever the checkpoint size. The
+Memory: shard bodies go from the socket into one 1 MB buffer per connection
+(fastget.py) and from there to `pwrite` and the hash, so a client holds a few
+MB of buffers whatever the checkpoint size. Files are not fsynced: a version
+torn by a crash fails the whole-file check before it is loaded. The
 whole-file sha256 is not recomputed here: the per-shard hashes, all signed,
 cover every byte; `LocalWeights.open_verified` re-checks whole files before a
 worker loads a version.
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import aiohttp
 
+from swarmrl.shardcast.fastget import FastGet
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import (
     MANIFEST,
@@ -58,6 +60,7 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.25, 30.0
 MAX_SHARD_ATTEMPTS = 12
 POLL_WAIT_S = 30.0
 POLL_RETRY_S = 1.0
+PROGRESS_STEP = 4 << 20  # a relay streams in-flight shards onward in steps of this size
 UNMEASURED_BPS = 1e11  # optimistic: a server not yet measured is tried early
 
 
@@ -155,6 +158,7 @@ class _ShardState:
     a Range resume on another server)."""
 
     pos: int = 0
+    reported: int = 0
     hasher: object = field(default_factory=hashlib.sha256)
 
 
@@ -216,6 +220,7 @@ class Follower:
         self.on_fetched = on_fetched
         self.on_bad_data = on_bad_data
         self.pool: ServerPool | None = None
+        self.fastget = FastGet()
         self.failed: dict[int, str] = {}  # versions given up on, with the reason
         self.in_flight: int | None = None
 
@@ -285,6 +290,7 @@ class Follower:
                 for t in polls:
                     t.cancel()
                 await asyncio.gather(*polls, return_exceptions=True)
+                self.fastget.close()
 
     def _follow_drops(self, announced: set[int]) -> None:
         """A relay deletes versions older than everything its upstreams still serve."""
@@ -401,8 +407,6 @@ class Follower:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-            for fd in fds.values():
-                os.fsync(fd)
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -439,7 +443,7 @@ class Follower:
             t0, start = time.monotonic(), st.pos
             try:
                 await self._stream(session, s, version, fe, index, sh, fd, st)
-            except (aiohttp.ClientError, TimeoutError, _BadStatus, ConnectionError) as e:
+            except (aiohttp.ClientError, TimeoutError, _BadStatus, OSError) as e:
                 # Recovered: keep what arrived; resume with Range on the best server.
                 self.pool.failure(s, f"{fe.name}/{index}: {type(e).__name__}: {e}")
                 continue
@@ -449,24 +453,34 @@ class Follower:
 
     async def _stream(self, session, s, version, fe, index, sh, fd, st: _ShardState) -> None:
         headers = {"Range": f"bytes={st.pos}-"} if st.pos else {}
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
         url = f"{s.url}/v/{version}/{fe.name}/{index}"
+        expect_status, expect_length = (206 if st.pos else 200), sh.size - st.pos
+
+        def on_data(chunk) -> None:
+            os.pwrite(fd, chunk, sh.offset + st.pos)
+            st.hasher.update(chunk)
+            st.pos += len(chunk)
+            if self.on_progress and (st.pos - st.reported >= PROGRESS_STEP or st.pos == sh.size):
+                st.reported = st.pos
+                self.on_progress(version, fe.name, index, st.pos)
+
+        if self.fastget.supports(url):
+            await self.fastget.get(url, headers, expect_status, expect_length, on_data)
+            return
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
         async with session.get(url, headers=headers, timeout=timeout) as r:
-            if r.status != (206 if st.pos else 200):
+            if r.status != expect_status:
                 raise _BadStatus(f"HTTP {r.status}")
-            if r.content_length != sh.size - st.pos:
-                raise _BadStatus(f"Content-Length {r.content_length}, expected {sh.size - st.pos}")
-            while st.pos < sh.size:
+            if r.content_length != expect_length:
+                raise _BadStatus(f"Content-Length {r.content_length}, expected {expect_length}")
+            end = sh.size
+            while st.pos < end:
                 chunk = await r.content.readany()
                 if not chunk:
                     raise _BadStatus(f"connection closed at {st.pos}/{sh.size} bytes")
-                if st.pos + len(chunk) > sh.size:
+                if st.pos + len(chunk) > end:
                     raise _BadStatus("more bytes than the shard holds")
-                os.pwrite(fd, chunk, sh.offset + st.pos)
-                st.hasher.update(chunk)
-                st.pos += len(chunk)
-                if self.on_progress:
-                    self.on_progress(version, fe.name, index, st.pos)
+                on_data(chunk)
 
 
 async def fetch_once(
