@@ -282,7 +282,7 @@ class Follower:
                     waiter = asyncio.create_task(self.pool.changed.wait())
                     stopper = asyncio.create_task(stop.wait())
                     await asyncio.wait(
-                        [waiter, stopper], timeout=5.0, return_when=asyncio.FIRST_COMPLETED
+                        [waiter, stopper], timeout=1.0, return_when=asyncio.FIRST_COMPLETED
                     )
                     waiter.cancel()
                     stopper.cancel()

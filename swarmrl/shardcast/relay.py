@@ -6,7 +6,8 @@ It announces a version as soon as its manifest is verified against the
 trainer's key, and serves shards while they are still arriving (see
 server.py). It keeps the newest `keep` versions and deletes a version once
 no upstream serves it any longer. On restart it serves the complete versions
-it has on disk whose manifests still verify, and deletes the rest.
+it has on disk whose signature and files still verify (hashing them: writes
+are not fsynced, so a crash can tear a file), and deletes the rest.
 
 A relay is semi-trusted: it cannot forge a manifest (it has no key), and a
 shard it corrupts is caught by the client's hash check and refetched elsewhere.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from swarmrl.shardcast.client import Follower
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import MANIFEST, ManifestError, read_manifest
+from swarmrl.shardcast.manifest import MANIFEST, ManifestError, verify_version
 from swarmrl.shardcast.server import ServedVersion, ShardServer, VersionTable
 
 log = logging.getLogger("swarmrl.shardcast.relay")
@@ -31,8 +32,7 @@ def _load_existing(local: LocalWeights, trusted_key: str, table: VersionTable) -
     for v in local.versions():
         d = local.path(v)
         try:
-            manifest = read_manifest(d)
-            manifest.check_signature(trusted_key)
+            manifest = verify_version(d, trusted_key)  # whole files: writes are not fsynced
         except ManifestError as e:
             log.warning("deleting version %d on disk: %s", v, e)
             local.delete(v)

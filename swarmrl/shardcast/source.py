@@ -19,6 +19,7 @@ from pathlib import Path
 from swarmrl.config import RunConfig
 from swarmrl.shardcast.client import Fetched, Follower
 from swarmrl.shardcast.local import LocalWeights
+from swarmrl.shardcast.manifest import ManifestError
 
 log = logging.getLogger("swarmrl.shardcast")
 
@@ -61,7 +62,15 @@ class ShardcastWeights:
         return self.local.newest()
 
     def open_verified(self, version: int) -> Path:
-        return self.local.open_verified(version)
+        """The version's directory after a whole-file check. A copy that fails the
+        check (torn by a crash: downloads are not fsynced) is deleted, and the
+        caller gets FileNotFoundError and looks again; the follower refetches it."""
+        try:
+            return self.local.open_verified(version)
+        except ManifestError as e:
+            log.warning("local copy of version %d is damaged (%s); deleting it", version, e)
+            self.local.delete(version)
+            raise FileNotFoundError(f"version {version} was damaged and deleted") from e
 
     def stop(self) -> None:
         if self._loop is not None:

@@ -375,3 +375,29 @@ def test_publisher_does_not_block_and_reports_errors(tmp_path, key):
     with pytest.raises(OSError, match="disk full"):
         pub.flush()
     pub.close()
+
+
+def test_worker_source_deletes_a_damaged_copy_and_refetches_it(tmp_path, key):
+    from swarmrl.shardcast.source import ShardcastWeights
+
+    w, origin = _origin(tmp_path, key)
+    data = _publish(w, 0)
+    url = origin.start()
+    pub = public_key_hex(key)
+    source = ShardcastWeights(Follower([url], pub, tmp_path / "node")).start()
+    try:
+        deadline = time.monotonic() + 20
+        while source.newest() != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        path = source.open_verified(0) / "model.safetensors"
+        path.write_bytes(b"\0" * len(data))  # torn by a crash
+        with pytest.raises(FileNotFoundError, match="damaged"):
+            source.open_verified(0)
+        while source.newest() != 0:
+            assert time.monotonic() < deadline, "the damaged version was not fetched again"
+            time.sleep(0.02)
+        assert (source.open_verified(0) / "model.safetensors").read_bytes() == data
+    finally:
+        source.stop()
+        origin.stop()
