@@ -14,7 +14,18 @@ bytes:
   limit of this machine's loopback and disk (bench/shardcast_peers.py).
 
 Prints one JSON object: seconds, throughput (client bytes / s), peak RSS of
-relays and clients, and the ratios. On this 2-core machine all the processes
+relays and clients, CPU seconds per process, and the ratios.
+
+Reading the figures on this VM: writing into page-cache memory that the host
+has not backed lately costs about 2.5 s of system time per GiB here, ten times
+the cost of reusing memory freed a moment earlier (1 GiB of pwrite: 2.5 s vs
+0.19 s; the balloon driver hands freed pages back to the host within seconds).
+Every system here writes 8-10 GiB of new files, so this cost dominates all
+three (perf: 63% of all CPU in the kernel's copy into new page-cache folios
+during the swarmrl run) and varies between runs by how much memory happens to
+be warm. Writing and deleting a scratch file first did not help, because the
+pages were cold again by the time the run started. Compare the ratios within
+one run, over several runs. On this 2-core machine all the processes
 share two cores, so ratios matter more than absolute figures.
 
 Usage: .venv/bin/python bench/shardcast.py [--mib 1024] [--only swarmrl,published,nginx]
