@@ -104,7 +104,14 @@ def _wait_http(url: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def run_swarmrl(src: Path, work: Path, clients: int = 8, relays: int = 2, shard_mb=50) -> dict:
+def run_swarmrl(
+    src: Path,
+    work: Path,
+    clients: int = 8,
+    relays: int = 2,
+    shard_mb: float = 50,
+    overrides: list[str] = (),
+) -> dict:
     key = load_or_create_key(work / "keys" / "trainer.key")
     pub = public_key_hex(key)
     # Prepare and sign the version outside the served directory.
@@ -116,7 +123,7 @@ def run_swarmrl(src: Path, work: Path, clients: int = 8, relays: int = 2, shard_
     served.mkdir()
     cli = [sys.executable, "-m", "swarmrl"]
     common = [f"shardcast.public_key={pub}", "shardcast.poll_wait_s=30"]
-    common += os.environ.get("SC_EXTRA", "").split()
+    common += list(overrides)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs: list[subprocess.Popen] = []
     logs = work / "logs"
@@ -229,6 +236,9 @@ def main() -> None:
         "--relays", type=int, default=2, help="swarmrl only: 0 = clients use the origin"
     )
     ap.add_argument("--only", default="swarmrl,published,nginx")
+    ap.add_argument(
+        "--set", action="append", default=[], help="swarmrl override, e.g. shardcast.parallel=4"
+    )
     ap.add_argument("--workdir", default=None, help="default: a temporary directory")
     args = ap.parse_args()
     which = set(args.only.split(","))
@@ -241,7 +251,7 @@ def main() -> None:
         if "swarmrl" in which:
             work = base / "swarmrl"
             work.mkdir()
-            out["swarmrl"] = run_swarmrl(src, work, args.clients, args.relays)
+            out["swarmrl"] = run_swarmrl(src, work, args.clients, args.relays, overrides=args.set)
             _verify_clients(work, args.clients, digest)
             if not args.workdir:
                 shutil.rmtree(work)
