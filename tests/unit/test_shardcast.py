@@ -401,3 +401,47 @@ def test_worker_source_deletes_a_damaged_copy_and_refetches_it(tmp_path, key):
     finally:
         source.stop()
         origin.stop()
+
+
+@pytest.mark.parametrize(
+    "reply, error",
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nabcd", None),
+        (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", "HTTP 404"),
+        (b"HTTP/1.1 200 OK\r\n\r\nabcd", "Content-Length None"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n", "chunked"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabcd", "Content-Length 9, expected 4"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab", "body missing"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nabcdEXTRA", "more bytes"),
+        (b"garbage\r\n\r\n", "malformed status"),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 20000, "larger than 16 KB"),
+    ],
+)
+def test_fastget_takes_only_the_expected_body(reply, error):
+    from swarmrl.shardcast.fastget import FastGet, HttpError
+
+    async def main():
+        async def serve(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(reply)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        got = bytearray()
+        fg = FastGet(idle_timeout_s=5)
+        try:
+            await fg.get(f"http://127.0.0.1:{port}/x", {}, 200, 4, lambda b: got.extend(b))
+            return bytes(got), None
+        except HttpError as e:
+            return bytes(got), str(e)
+        finally:
+            fg.close()
+            server.close()
+
+    body, got_error = asyncio.run(main())
+    if error is None:
+        assert got_error is None and body == b"abcd"
+    else:
+        assert got_error is not None and error in got_error
