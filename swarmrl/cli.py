@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.min_version,
                     cfg.shardcast.parallel,
                     args.timeout,
+                    cfg.shardcast.direct_io,
                 )
             )
             use = resource.getrusage(resource.RUSAGE_SELF)

@@ -51,6 +51,7 @@ from swarmrl.shardcast.manifest import (
     Shard,
     parse_manifest,
 )
+from swarmrl.shardcast.writer import ShardWriter, open_direct
 
 log = logging.getLogger("swarmrl.shardcast.client")
 
@@ -157,6 +158,7 @@ class _ShardState:
     """A shard being downloaded: bytes so far and their running hash (kept across
     a Range resume on another server)."""
 
+    writer: ShardWriter
     pos: int = 0
     reported: int = 0
     hasher: object = field(default_factory=hashlib.sha256)
@@ -199,6 +201,7 @@ class Follower:
         keep: int = 2,
         parallel: int = 4,
         follow_drops: bool = False,
+        direct_io: bool = False,
         poll_wait_s: float = POLL_WAIT_S,
         on_manifest: Callable[[Manifest, bytes, Path], None] | None = None,
         on_progress: ProgressFn | None = None,
@@ -212,6 +215,7 @@ class Follower:
         self.local = LocalWeights(root, keep=keep, trusted_key=trusted_key)
         self.parallel = parallel
         self.follow_drops = follow_drops
+        self.direct_io = direct_io
         self.poll_wait_s = poll_wait_s
         self.on_manifest = on_manifest
         self.on_progress = on_progress
@@ -382,12 +386,12 @@ class Follower:
             return manifest, raw
 
     async def _fetch_shards(self, session, manifest: Manifest, raw: bytes, d: Path) -> None:
-        fds = {}
+        fds: dict[str, tuple[int, int | None]] = {}
         try:
             for fe in manifest.files:
                 fd = os.open(d / fe.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.ftruncate(fd, fe.size)
-                fds[fe.name] = fd
+                fds[fe.name] = (fd, open_direct(d / fe.name) if self.direct_io else None)
             if self.on_manifest:  # a relay announces the version now, shards in flight
                 self.on_manifest(manifest, raw, d)
             queue: asyncio.Queue[tuple[FileEntry, int, Shard]] = asyncio.Queue()
@@ -408,11 +412,19 @@ class Follower:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
-            for fd in fds.values():
+            for fd, direct_fd in fds.values():
                 os.close(fd)
+                if direct_fd is not None:
+                    os.close(direct_fd)
 
-    async def _fetch_shard(self, session, version, fe: FileEntry, index, sh: Shard, fd) -> None:
-        st = _ShardState()
+    async def _fetch_shard(self, session, version, fe: FileEntry, index, sh: Shard, fds) -> None:
+        st = _ShardState(writer=ShardWriter(*fds, sh.offset, sh.size))
+        try:
+            await self._fetch_shard_into(session, version, fe, index, sh, fds, st)
+        finally:
+            st.writer.close()
+
+    async def _fetch_shard_into(self, session, version, fe, index, sh, fds, st) -> None:
         contributors: set[str] = set()
         excluded: set[str] = set()
         attempts = 0
@@ -425,7 +437,8 @@ class Follower:
                     self.pool.bad_data(self.pool.servers[url], what)
                 excluded |= contributors
                 contributors.clear()
-                st = _ShardState()
+                st.writer.close()
+                st = _ShardState(writer=ShardWriter(*fds, sh.offset, sh.size))
                 if self.on_progress:
                     self.on_progress(version, fe.name, index, 0)
             s = self.pool.pick(version, excluded)
@@ -442,7 +455,7 @@ class Follower:
             s.active += 1
             t0, start = time.monotonic(), st.pos
             try:
-                await self._stream(session, s, version, fe, index, sh, fd, st)
+                await self._stream(session, s, version, fe, index, sh, st)
             except (aiohttp.ClientError, TimeoutError, _BadStatus, OSError) as e:
                 # Recovered: keep what arrived; resume with Range on the best server.
                 self.pool.failure(s, f"{fe.name}/{index}: {type(e).__name__}: {e}")
@@ -451,13 +464,13 @@ class Follower:
                 s.active -= 1
             self.pool.success(s, st.pos - start, time.monotonic() - t0)
 
-    async def _stream(self, session, s, version, fe, index, sh, fd, st: _ShardState) -> None:
+    async def _stream(self, session, s, version, fe, index, sh, st: _ShardState) -> None:
         headers = {"Range": f"bytes={st.pos}-"} if st.pos else {}
         url = f"{s.url}/v/{version}/{fe.name}/{index}"
         expect_status, expect_length = (206 if st.pos else 200), sh.size - st.pos
 
         def on_data(chunk) -> None:
-            os.pwrite(fd, chunk, sh.offset + st.pos)
+            st.writer.write(chunk)
             st.hasher.update(chunk)
             st.pos += len(chunk)
             if self.on_progress and (st.pos - st.reported >= PROGRESS_STEP or st.pos == sh.size):
@@ -488,8 +501,9 @@ async def fetch_once(
     trusted_key: str,
     root: Path,
     min_version: int = 0,
-    parallel: int = 4,
+    parallel: int = 2,
     timeout_s: float | None = None,
+    direct_io: bool = True,
 ) -> Fetched:
     """Wait for a version >= `min_version`, download it into `root`, and return.
     The engine of `swarmrl fetch` (one-off downloads, benchmarks, debugging)."""
@@ -501,6 +515,8 @@ async def fetch_once(
             got.append(f)
             stop.set()
 
-    follower = Follower(servers, trusted_key, root, parallel=parallel, on_fetched=fetched)
+    follower = Follower(
+        servers, trusted_key, root, parallel=parallel, direct_io=direct_io, on_fetched=fetched
+    )
     await asyncio.wait_for(follower.run(stop), timeout_s)
     return got[0]

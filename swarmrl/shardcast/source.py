@@ -123,6 +123,7 @@ def open_weights_source(cfg: RunConfig, node_name: str):
         paths["nodes"] / node_name / "weights",
         keep=cfg.shardcast.keep_local,
         parallel=cfg.shardcast.parallel,
+        direct_io=cfg.shardcast.direct_io,
         poll_wait_s=cfg.shardcast.poll_wait_s,
         on_fetched=record,
         on_bad_data=report,

@@ -98,7 +98,13 @@ def test_relays_chain_and_clients_get_verified_versions(tmp_path, key):
         second = await _relays(first, pub, tmp_path / "chained", stop, n=1)  # relay of a relay
         got = []
         clients = [
-            Follower(second + first, pub, tmp_path / f"client-{i}", on_fetched=got.append)
+            Follower(
+                second + first,
+                pub,
+                tmp_path / f"client-{i}",
+                on_fetched=got.append,
+                direct_io=i % 2 == 0,  # both ways of writing the file
+            )
             for i in range(3)
         ]
         tasks = [asyncio.create_task(c.run(stop)) for c in clients]
@@ -445,3 +451,34 @@ def test_fastget_takes_only_the_expected_body(reply, error):
         assert got_error is None and body == b"abcd"
     else:
         assert got_error is not None and error in got_error
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_shard_writer_puts_every_byte_in_place(tmp_path, direct):
+    import random
+
+    from swarmrl.shardcast.writer import ShardWriter, open_direct
+
+    rng = random.Random(0)
+    data = os.urandom(3 * (1 << 20) + 12345)
+    bounds = [0, 777, 5000, 1 << 20, 2 * (1 << 20) + 3, len(data)]  # unaligned shards
+    path = tmp_path / "f.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.ftruncate(fd, len(data))
+    dfd = open_direct(path) if direct else None
+    if direct:
+        assert dfd is not None  # this machine's filesystem does O_DIRECT
+    order = list(range(len(bounds) - 1))
+    rng.shuffle(order)  # shards land in any order; bytes within a shard in order
+    for i in order:
+        w = ShardWriter(fd, dfd, bounds[i], bounds[i + 1] - bounds[i])
+        pos = bounds[i]
+        while pos < bounds[i + 1]:
+            n = min(rng.choice([1, 100, 4096, 65536, 300000]), bounds[i + 1] - pos)
+            w.write(data[pos : pos + n])
+            pos += n
+        w.close()
+    os.close(fd)
+    if dfd is not None:
+        os.close(dfd)
+    assert path.read_bytes() == data
