@@ -1,0 +1,61 @@
+"""Polynomials over GF(65497), vectorised with numpy: the arithmetic of a TOPLOC proof.
+
+Values stay below 2^16, so products fit in int64 with room to spare; every
+operation reduces mod P. Interpolation is Newton's divided differences
+(O(k^2), k = 128 points: each of the k-1 levels is one vector operation), then
+conversion from the Newton basis to ascending monomial coefficients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+P = 65497  # prime
+
+
+def inverse(a: np.ndarray) -> np.ndarray:
+    """Elementwise multiplicative inverse mod P (Fermat: a^(P-2)); a must be nonzero."""
+    a = np.asarray(a, dtype=np.int64) % P
+    if np.any(a == 0):
+        raise ZeroDivisionError("0 has no inverse mod P")
+    result = np.ones_like(a)
+    base, e = a.copy(), P - 2
+    while e:
+        if e & 1:
+            result = result * base % P
+        base = base * base % P
+        e >>= 1
+    return result
+
+
+def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients c_0..c_{k-1} (ascending) of the unique polynomial of degree
+    < k through the points (x_j, y_j) over GF(P). The x_j must be distinct mod P."""
+    x = np.asarray(x, dtype=np.int64) % P
+    y = np.asarray(y, dtype=np.int64) % P
+    k = len(x)
+    if len(np.unique(x)) != k:
+        raise ValueError("interpolation points must have distinct x mod P")
+    # divided differences, in place: after level j, d[j] is the j-th Newton coefficient
+    d = y.copy()
+    for j in range(1, k):
+        d[j:] = (d[j:] - d[j - 1 : -1]) * inverse(x[j:] - x[: k - j]) % P
+    # Newton -> monomial: Horner on polynomials, from the highest term down
+    coef = np.zeros(k, dtype=np.int64)
+    coef[0] = d[k - 1]
+    for j in range(k - 2, -1, -1):
+        # coef(X) <- coef(X) * (X - x_j) + d_j   (degree grows by one)
+        shifted = np.concatenate(([0], coef[:-1]))
+        coef = (shifted - x[j] * coef) % P
+        coef[0] = (coef[0] + d[j]) % P
+    return coef
+
+
+def evaluate(coef: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """P(x) for every x (Horner, vectorised over the points)."""
+    coef = np.asarray(coef, dtype=np.int64)
+    x = np.asarray(x, dtype=np.int64) % P
+    acc = np.zeros_like(x)
+    for c in coef[::-1]:
+        acc = (acc * x + c) % P
+    return acc
