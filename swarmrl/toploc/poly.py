@@ -30,32 +30,37 @@ def inverse(a: np.ndarray) -> np.ndarray:
 
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Coefficients c_0..c_{k-1} (ascending) of the unique polynomial of degree
-    < k through the points (x_j, y_j) over GF(P). The x_j must be distinct mod P."""
+    < k through the points (x_j, y_j) over GF(P). The x_j must be distinct mod P.
+    Batched: x and y of shape (..., k) give coefficients of shape (..., k), one
+    polynomial per leading index, all in the same vector operations."""
     x = np.asarray(x, dtype=np.int64) % P
     y = np.asarray(y, dtype=np.int64) % P
-    k = len(x)
-    if len(np.unique(x)) != k:
+    k = x.shape[-1]
+    if (np.diff(np.sort(x, axis=-1), axis=-1) == 0).any():
         raise ValueError("interpolation points must have distinct x mod P")
-    # divided differences, in place: after level j, d[j] is the j-th Newton coefficient
+    # divided differences, in place: after level j, d[..., j] is the j-th Newton coefficient
     d = y.copy()
     for j in range(1, k):
-        d[j:] = (d[j:] - d[j - 1 : -1]) * inverse(x[j:] - x[: k - j]) % P
+        d[..., j:] = (d[..., j:] - d[..., j - 1 : -1]) * inverse(x[..., j:] - x[..., : k - j]) % P
     # Newton -> monomial: Horner on polynomials, from the highest term down
-    coef = np.zeros(k, dtype=np.int64)
-    coef[0] = d[k - 1]
+    coef = np.zeros_like(d)
+    coef[..., 0] = d[..., k - 1]
     for j in range(k - 2, -1, -1):
         # coef(X) <- coef(X) * (X - x_j) + d_j   (degree grows by one)
-        shifted = np.concatenate(([0], coef[:-1]))
-        coef = (shifted - x[j] * coef) % P
-        coef[0] = (coef[0] + d[j]) % P
+        shifted = np.zeros_like(coef)
+        shifted[..., 1:] = coef[..., :-1]
+        coef = (shifted - x[..., j : j + 1] * coef) % P
+        coef[..., 0] = (coef[..., 0] + d[..., j]) % P
     return coef
 
 
 def evaluate(coef: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """P(x) for every x (Horner, vectorised over the points)."""
+    """P(x) for every x (Horner, vectorised over the points). Batched like
+    `interpolate`: coef (..., k) with x (..., n) evaluates each polynomial at
+    its own row of points."""
     coef = np.asarray(coef, dtype=np.int64)
     x = np.asarray(x, dtype=np.int64) % P
-    acc = np.zeros_like(x)
-    for c in coef[::-1]:
-        acc = (acc * x + c) % P
+    acc = np.zeros(np.broadcast_shapes(coef.shape[:-1] + (1,), x.shape), dtype=np.int64)
+    for i in range(coef.shape[-1] - 1, -1, -1):
+        acc = (acc * x + coef[..., i : i + 1]) % P
     return acc

@@ -116,16 +116,34 @@ def check_chunk_proof(
 def chunk_sizes(n_tokens: int, hidden: int, k: int = TOPK) -> list[int]:
     """Byte size of each chunk proof of a sample: n_tokens generated, hidden size H."""
     return [
-        2 + 2 * min(k, min(CHUNK, n_tokens - start) * hidden)
-        for start in range(0, n_tokens, CHUNK)
+        2 + 2 * min(k, min(CHUNK, n_tokens - start) * hidden) for start in range(0, n_tokens, CHUNK)
     ]
 
 
 def build_proofs(hidden: torch.Tensor, k: int = TOPK) -> bytes:
     """All chunk proofs of one sample: `hidden` is (n_generated, H)."""
-    return b"".join(
-        build_chunk_proof(hidden[s : s + CHUNK], k) for s in range(0, len(hidden), CHUNK)
-    )
+    return build_proofs_many([hidden], k)[0]
+
+
+def build_proofs_many(samples: list[torch.Tensor], k: int = TOPK) -> list[bytes]:
+    """Proofs of many samples at once: the chunks that commit to the same
+    number of points are interpolated together, in one batch of vector operations."""
+    chunks = [(i, h[s : s + CHUNK]) for i, h in enumerate(samples) for s in range(0, len(h), CHUNK)]
+    points = [_topk(c, k) for _, c in chunks]
+    moduli = [injective_modulus(idx) for idx, _ in points]
+    encoded: list[bytes] = [b""] * len(chunks)
+    by_k: dict[int, list[int]] = {}
+    for j, (idx, _) in enumerate(points):
+        by_k.setdefault(len(idx), []).append(j)
+    for members in by_k.values():
+        x = np.stack([points[j][0] % moduli[j] for j in members])
+        y = np.stack([points[j][1] for j in members])
+        for j, coef in zip(members, interpolate(x, y), strict=True):
+            encoded[j] = encode(moduli[j], coef)
+    out = [b""] * len(samples)
+    for (i, _), proof in zip(chunks, encoded, strict=True):
+        out[i] += proof
+    return out
 
 
 def check_proofs(

@@ -97,3 +97,14 @@ def test_small_hidden_size_commits_to_every_entry_and_wrong_lengths_are_refused(
         check_proofs(proofs[:-2], hidden)
     # a chunk with fewer entries than the proof commits to cannot be checked: rejected
     assert not check_chunk_proof(proofs[258:] + b"\0\0" * 100, hidden[32:]).accepted
+
+
+def test_batched_building_equals_one_by_one():
+    from swarmrl.toploc.proof import build_chunk_proof, build_proofs_many
+
+    samples = [_hidden(n, 64, seed) for seed, n in enumerate([1, 5, 32, 33, 70])]
+    batched = build_proofs_many(samples)
+    for h, proofs in zip(samples, batched, strict=True):
+        one = b"".join(build_chunk_proof(h[s : s + 32]) for s in range(0, len(h), 32))
+        assert proofs == one
+        assert all(c.accepted for c in check_proofs(proofs, h))
