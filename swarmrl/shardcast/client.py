@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -61,6 +62,10 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.25, 30.0
 MAX_SHARD_ATTEMPTS = 12
 POLL_WAIT_S = 30.0
 POLL_RETRY_S = 1.0
+MAX_VERSIONS_BYTES = 64 * 1024
+MAX_ANNOUNCED = 64  # per server: the newest ones; retention keeps a handful anyway
+FAILED_RETRY_S = 10.0  # a version given up on is tried again after this long
+MIN_SHARD_BPS = 256 * 1024  # slower than this (after a 10 s grace) counts as a failure
 PROGRESS_STEP = 4 << 20  # a relay streams in-flight shards onward in steps of this size
 UNMEASURED_BPS = 1e11  # optimistic: a server not yet measured is tried early
 
@@ -71,6 +76,14 @@ class ShardcastError(RuntimeError):
 
 class _BadStatus(RuntimeError):
     pass
+
+
+class _BadBody(ValueError):
+    """A server's answer that no honest server sends (too large, malformed)."""
+
+
+class _LocalWriteError(RuntimeError):
+    """Our own disk failed: not the server's fault."""
 
 
 @dataclass
@@ -117,7 +130,8 @@ class ServerPool:
         s.bytes += nbytes
 
     def failure(self, s: ServerStats, why: str) -> None:
-        s.ema_bps = 0.0 if s.ema_bps is None else (1 - EMA_ALPHA) * s.ema_bps
+        if s.ema_bps is not None:  # unmeasured stays unmeasured: tried again after backoff
+            s.ema_bps = (1 - EMA_ALPHA) * s.ema_bps
         s.ema_ok = (1 - EMA_ALPHA) * s.ema_ok
         s.failures += 1
         delay = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2 ** (s.failures - 1))
@@ -175,11 +189,17 @@ class Fetched:
 ProgressFn = Callable[[int, str, int, int], None]
 
 
-async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    data = await resp.content.read(limit + 1)
-    if len(data) > limit:
-        raise ManifestError(f"manifest larger than {limit} bytes")
-    return data
+async def _read_limited(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    """The whole body, however many reads it takes; more than `limit` bytes is an error."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise _BadBody(f"{what} of {resp.content_length} bytes, limit {limit}")
+    data = bytearray()
+    while len(data) <= limit:
+        chunk = await resp.content.read(limit + 1 - len(data))
+        if not chunk:
+            return bytes(data)
+        data += chunk
+    raise _BadBody(f"{what} larger than {limit} bytes")
 
 
 class Follower:
@@ -226,37 +246,46 @@ class Follower:
         self.pool: ServerPool | None = None
         self.fastget = FastGet()
         self.failed: dict[int, str] = {}  # versions given up on, with the reason
+        self._failed_at: dict[int, float] = {}
         self.in_flight: int | None = None
 
     # -- discovery ---------------------------------------------------------
     async def _poll(self, session: aiohttp.ClientSession, s: ServerStats) -> None:
         after = -1
         while True:
+            t0 = time.monotonic()
             try:
                 url = f"{s.url}/versions?after={after}&wait={self.poll_wait_s}"
                 timeout = aiohttp.ClientTimeout(total=self.poll_wait_s + 15)
                 async with session.get(url, timeout=timeout) as r:
                     if r.status != 200:
                         raise _BadStatus(f"HTTP {r.status}")
-                    body = await r.json()
-                versions = body["versions"]
+                    body = json.loads(await _read_limited(r, MAX_VERSIONS_BYTES, "/versions"))
+                versions = body["versions"] if isinstance(body, dict) else None
                 if not isinstance(versions, list) or not all(
-                    isinstance(v, int) and v >= 0 for v in versions
+                    type(v) is int and 0 <= v < 1 << 53 for v in versions
                 ):
-                    raise _BadStatus("malformed /versions answer")
-            except (aiohttp.ClientError, TimeoutError, _BadStatus, ValueError, KeyError) as e:
-                # Recovered: a server we cannot reach announces nothing until it answers
-                # again; asked again every second (a relay often starts before its upstream).
-                if s.versions:
+                    raise _BadBody("malformed /versions answer")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                # Recovered: a server we cannot reach, or that answers nonsense, announces
+                # nothing until it answers again; asked again every second (a relay often
+                # starts before its upstream).
+                if s.versions or isinstance(e, _BadBody):
                     log.warning("server %s: /versions failed (%s)", s.url, e)
                 s.versions = []
                 self.pool.changed.set()
                 await asyncio.sleep(POLL_RETRY_S)
                 continue
-            s.versions = sorted(versions)
+            new = sorted(set(versions))[-MAX_ANNOUNCED:]
+            changed = new != s.versions
+            s.versions = new
             if s.versions:
                 after = s.versions[-1]
             self.pool.changed.set()
+            if not changed and time.monotonic() - t0 < POLL_RETRY_S:
+                await asyncio.sleep(POLL_RETRY_S)  # an answer that did not wait: pace it
 
     def _announced(self) -> set[int]:
         return {v for s in self.pool.servers.values() for v in s.versions}
@@ -277,11 +306,24 @@ class Follower:
                     announced = self._announced()
                     if self.follow_drops:
                         self._follow_drops(announced)
+                    now = time.monotonic()
                     todo = [
-                        v for v in announced if v not in self.failed and (not have or v > have[-1])
+                        v
+                        for v in announced
+                        if (not have or v > have[-1])
+                        and now - self._failed_at.get(v, -FAILED_RETRY_S) >= FAILED_RETRY_S
                     ]
                     if todo:
-                        await self._fetch(session, max(todo))
+                        # 3: a stop interrupts a download in progress
+                        fetch = asyncio.create_task(self._fetch(session, max(todo)))
+                        stopper = asyncio.create_task(stop.wait())
+                        await asyncio.wait([fetch, stopper], return_when=asyncio.FIRST_COMPLETED)
+                        stopper.cancel()
+                        if not fetch.done():
+                            fetch.cancel()
+                        await asyncio.gather(fetch, return_exceptions=True)
+                        if fetch.done() and not fetch.cancelled() and fetch.exception():
+                            raise fetch.exception()
                         continue
                     waiter = asyncio.create_task(self.pool.changed.wait())
                     stopper = asyncio.create_task(stop.wait())
@@ -295,6 +337,10 @@ class Follower:
                     t.cancel()
                 await asyncio.gather(*polls, return_exceptions=True)
                 self.fastget.close()
+
+    def _fail(self, version: int, why: str) -> None:
+        self.failed[version] = why
+        self._failed_at[version] = time.monotonic()
 
     def _follow_drops(self, announced: set[int]) -> None:
         """A relay deletes versions older than everything its upstreams still serve."""
@@ -321,8 +367,8 @@ class Follower:
             try:
                 await self._fetch_shards(session, manifest, raw, d)
             except ShardcastError as e:
-                log.error("version %d: %s; giving up on it", version, e)
-                self.failed[version] = str(e)
+                log.error("version %d: %s; trying it again later", version, e)
+                self._fail(version, str(e))
                 shutil.rmtree(d, ignore_errors=True)
                 if self.on_drop:
                     self.on_drop(version)
@@ -358,9 +404,10 @@ class Follower:
             s = self.pool.pick(version, tried)
             if s is None:
                 wait = self.pool.next_ready_in(version, tried)
-                if wait is None:
-                    self.failed[version] = "no server served a valid manifest"
-                    log.error("version %d: no server served a valid manifest", version)
+                if wait is None or tried or wait > 2.0:
+                    # Every announcing server was tried, or all are backing off: do not wait
+                    # here (a flood of fake announcements must not stall real versions).
+                    self._fail(version, "no server served a valid manifest")
                     return None
                 await asyncio.sleep(wait)
                 continue
@@ -369,7 +416,10 @@ class Follower:
                 async with session.get(f"{s.url}/v/{version}/manifest.json") as r:
                     if r.status != 200:
                         raise _BadStatus(f"HTTP {r.status}")
-                    raw = await _read_limited(r, MAX_MANIFEST_BYTES)
+                    raw = await _read_limited(r, MAX_MANIFEST_BYTES, "manifest")
+            except _BadBody as e:
+                self.pool.bad_data(s, f"manifest {version}: {e}")
+                continue
             except (aiohttp.ClientError, TimeoutError, _BadStatus) as e:
                 self.pool.failure(s, f"manifest {version}: {e}")
                 continue
@@ -427,20 +477,22 @@ class Follower:
     async def _fetch_shard_into(self, session, version, fe, index, sh, fds, st) -> None:
         contributors: set[str] = set()
         excluded: set[str] = set()
+        resume = True  # False after a mismatch with several senders: one sender per try
         attempts = 0
         while True:
             if st.pos == sh.size:
                 if st.hasher.hexdigest() == sh.sha256:
                     return
                 what = f"version {version} {fe.name} shard {index}: sha256 mismatch"
-                for url in contributors:
-                    self.pool.bad_data(self.pool.servers[url], what)
-                excluded |= contributors
-                contributors.clear()
-                st.writer.close()
-                st = _ShardState(writer=ShardWriter(*fds, sh.offset, sh.size))
-                if self.on_progress:
-                    self.on_progress(version, fe.name, index, 0)
+                if len(contributors) == 1:  # one sender: it is to blame
+                    self.pool.bad_data(self.pool.servers[next(iter(contributors))], what)
+                    excluded |= contributors
+                else:
+                    # Several senders (a resumed transfer): an honest server must not be
+                    # blamed for another's bytes. Start over, one server per attempt.
+                    log.warning("%s after a resumed transfer; refetching from one server", what)
+                    resume = False
+                st = self._restart(st, fds, sh, version, fe, index, contributors)
             s = self.pool.pick(version, excluded)
             if s is None:
                 wait = self.pool.next_ready_in(version, excluded)
@@ -451,18 +503,32 @@ class Follower:
             attempts += 1
             if attempts > MAX_SHARD_ATTEMPTS:
                 raise ShardcastError(f"{fe.name} shard {index}: {attempts - 1} failed attempts")
+            if not resume and st.pos:
+                st = self._restart(st, fds, sh, version, fe, index, contributors)
             contributors.add(s.url)
             s.active += 1
             t0, start = time.monotonic(), st.pos
             try:
-                await self._stream(session, s, version, fe, index, sh, st)
+                limit = 10.0 + (sh.size - st.pos) / MIN_SHARD_BPS
+                async with asyncio.timeout(limit):
+                    await self._stream(session, s, version, fe, index, sh, st)
+            except _LocalWriteError as e:
+                raise ShardcastError(f"{fe.name} shard {index}: writing failed: {e}") from e
             except (aiohttp.ClientError, TimeoutError, _BadStatus, OSError) as e:
-                # Recovered: keep what arrived; resume with Range on the best server.
+                # Recovered: keep what arrived; resume with Range on the best server
+                # (a server slower than MIN_SHARD_BPS is cut off by the timeout).
                 self.pool.failure(s, f"{fe.name}/{index}: {type(e).__name__}: {e}")
                 continue
             finally:
                 s.active -= 1
             self.pool.success(s, st.pos - start, time.monotonic() - t0)
+
+    def _restart(self, st, fds, sh, version, fe, index, contributors) -> _ShardState:
+        st.writer.close()
+        contributors.clear()
+        if self.on_progress:
+            self.on_progress(version, fe.name, index, 0)
+        return _ShardState(writer=ShardWriter(*fds, sh.offset, sh.size))
 
     async def _stream(self, session, s, version, fe, index, sh, st: _ShardState) -> None:
         headers = {"Range": f"bytes={st.pos}-"} if st.pos else {}
@@ -470,7 +536,10 @@ class Follower:
         expect_status, expect_length = (206 if st.pos else 200), sh.size - st.pos
 
         def on_data(chunk) -> None:
-            st.writer.write(chunk)
+            try:
+                st.writer.write(chunk)
+            except OSError as e:
+                raise _LocalWriteError(str(e)) from e
             st.hasher.update(chunk)
             st.pos += len(chunk)
             if self.on_progress and (st.pos - st.reported >= PROGRESS_STEP or st.pos == sh.size):

@@ -35,6 +35,7 @@ class _Conn:
         self.sock = sock
         self.buf = bytearray(BUFFER)
         self.view = memoryview(self.buf)
+        self.responded = False  # any byte of an answer received on this socket
 
 
 class FastGet:
@@ -79,9 +80,22 @@ class FastGet:
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         key = (host, port)
         idle = self._idle.get(key)
+        reused = bool(idle)
         conn = idle.pop() if idle else await self._connect(host, port)
         reusable = False
         try:
+            reusable = await self._exchange(
+                conn, host, port, path, headers, expect_status, expect_length, on_data
+            )
+        except (HttpError, OSError):
+            if not (reused and not conn.responded):
+                raise
+            # A kept-alive socket the server had closed (it restarted, or timed the
+            # connection out) fails before any answer: one retry on a fresh socket. GET
+            # is idempotent, and nothing was handed to on_data.
+            conn.sock.close()
+            self._drop_idle(key)
+            conn = await self._connect(host, port)
             reusable = await self._exchange(
                 conn, host, port, path, headers, expect_status, expect_length, on_data
             )
@@ -90,6 +104,10 @@ class FastGet:
                 self._idle.setdefault(key, []).append(conn)
             else:
                 conn.sock.close()
+
+    def _drop_idle(self, key) -> None:
+        for c in self._idle.pop(key, []):
+            c.sock.close()
 
     async def _exchange(self, conn, host, port, path, headers, status, length, on_data) -> bool:
         """One request and its response; True when the connection may be reused."""
@@ -104,6 +122,7 @@ class FastGet:
                 n = await loop.sock_recv_into(conn.sock, conn.view[have:MAX_HEADER])
                 if n == 0:
                     raise HttpError("connection closed before the response headers")
+                conn.responded = True
                 have += n
                 end = conn.buf.find(b"\r\n\r\n", 0, have)
                 if end >= 0:

@@ -45,6 +45,7 @@ class LocalWeights:
         self.key = key
         self.shard_bytes = shard_bytes
         self.trusted_key = trusted_key
+        self.pinned: int | None = None  # a version in use by a reader: retention skips it
         self.root.mkdir(parents=True, exist_ok=True)
 
     # -- sink -------------------------------------------------------------
@@ -68,7 +69,7 @@ class LocalWeights:
     def retain(self) -> list[int]:
         """Delete all but the newest `keep` versions; return the deleted ones."""
         versions = self.versions()
-        dropped = versions[: max(0, len(versions) - self.keep)]
+        dropped = [v for v in versions[: max(0, len(versions) - self.keep)] if v != self.pinned]
         for v in dropped:
             self.delete(v)
         return dropped

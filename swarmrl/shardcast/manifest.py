@@ -134,8 +134,23 @@ def write_manifest(
     )
     if key is not None:
         manifest = manifest.signed(key)
+    _fsync_all(files, directory)  # the data is durable before the manifest says "complete"
     write_json_atomic(directory / MANIFEST, manifest.model_dump())
     return manifest
+
+
+def _fsync_all(files: list[Path], directory: Path) -> None:
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def parse_manifest(data: bytes, where: str = "manifest") -> Manifest:

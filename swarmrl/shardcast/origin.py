@@ -108,6 +108,7 @@ class Publisher:
         self.origin = origin
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self._pending: list[Future] = []
+        self._failure: BaseException | None = None
 
     def submit(
         self, version: int, write: Callable[[Path], None], then: Callable[[], None] | None = None
@@ -116,13 +117,19 @@ class Publisher:
         self._pending.append(self._pool.submit(self._publish, version, write, then))
 
     def _publish(self, version: int, write, then) -> None:
-        d = self.weights.staging_dir(version)
-        write(d)
-        self.weights.publish(version)
-        if self.origin is not None:
-            self.origin.sync()
-        if then is not None:
-            then()
+        if self._failure is not None:  # never publish past a version that failed
+            raise RuntimeError(f"not publishing version {version}: an earlier publish failed")
+        try:
+            d = self.weights.staging_dir(version)
+            write(d)
+            self.weights.publish(version)
+            if self.origin is not None:
+                self.origin.sync()
+            if then is not None:
+                then()
+        except BaseException as e:
+            self._failure = e
+            raise
 
     def _raise_failures(self) -> None:
         done = [f for f in self._pending if f.done()]

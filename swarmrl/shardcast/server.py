@@ -43,6 +43,7 @@ MAX_WAIT_S = 60.0
 STALL_S = 120.0  # an in-flight shard that makes no progress this long ends the response
 SEND_BLOCK = 4 << 20
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$")
+_DIGITS = re.compile(r"[0-9]{1,12}")  # ASCII only: str.isdigit() accepts "²"
 _RANGE = re.compile(r"^bytes=(\d{1,15})-(\d{0,15})$")
 
 
@@ -138,7 +139,7 @@ def _int_param(request: web.Request, name: str, default: float) -> float:
 
 def _version(request: web.Request, table: VersionTable) -> ServedVersion:
     raw = request.match_info["version"]
-    if not raw.isdigit() or len(raw) > 12:
+    if not _DIGITS.fullmatch(raw):
         raise web.HTTPBadRequest(text="version must be a non-negative integer")
     entry = table.entries.get(int(raw))
     if entry is None:
@@ -167,6 +168,7 @@ class ShardServer:
         self.role = role
         self.max_bytes_per_s = max_bytes_per_s
         self.bytes_sent = 0
+        self._pace_at = 0.0  # with an upload cap: when the next byte may leave (all responses)
         self.app = web.Application(client_max_size=1024)
         self.app.add_routes(
             [
@@ -217,7 +219,7 @@ class ShardServer:
         name, raw_index = request.match_info["name"], request.match_info["index"]
         if not _NAME.match(name):
             raise web.HTTPNotFound(text="no such file")
-        if not raw_index.isdigit() or len(raw_index) > 9:
+        if not _DIGITS.fullmatch(raw_index):
             raise web.HTTPBadRequest(text="shard index must be a non-negative integer")
         fe = entry.manifest.file(name)
         index = int(raw_index)
@@ -240,8 +242,11 @@ class ShardServer:
             await self._send(request, resp, f, entry, name, index, shard.offset, start, end)
             await resp.write_eof()
         except (ConnectionResetError, BrokenPipeError):
-            # Recovered: the client went away (it fails over on its side).
-            pass
+            # Recovered: the client went away, or we cannot finish this body (version
+            # dropped, upstream stalled). Close the connection so the client sees the
+            # short body at once and fails over, instead of waiting on a kept-alive socket.
+            if request.transport is not None:
+                request.transport.close()
         finally:
             f.close()
         return resp
@@ -263,11 +268,13 @@ class ShardServer:
             n = avail - pos
             if self.max_bytes_per_s > 0:
                 n = min(n, max(int(self.max_bytes_per_s / 10), 1 << 16))
+                # one budget for the whole server, shared by every response in flight
+                now = time.monotonic()
+                start_at = max(now, self._pace_at)
+                self._pace_at = start_at + n / self.max_bytes_per_s
+                await asyncio.sleep(start_at - now)
             else:
                 n = min(n, SEND_BLOCK * 16)
-            t0 = time.monotonic()
             await loop.sendfile(transport, f, base + pos, n)
             pos += n
             self.bytes_sent += n
-            if self.max_bytes_per_s > 0:
-                await asyncio.sleep(max(0.0, n / self.max_bytes_per_s - (time.monotonic() - t0)))

@@ -64,7 +64,9 @@ class ShardcastWeights:
     def open_verified(self, version: int) -> Path:
         """The version's directory after a whole-file check. A copy that fails the
         check (torn by a crash: downloads are not fsynced) is deleted, and the
-        caller gets FileNotFoundError and looks again; the follower refetches it."""
+        caller gets FileNotFoundError and looks again; the follower refetches it.
+        The version stays pinned (never deleted by retention) until the next call."""
+        self.local.pinned = version  # retention keeps it while the worker loads it
         try:
             return self.local.open_verified(version)
         except ManifestError as e:

@@ -13,6 +13,8 @@ network filesystems) the file is written through the page cache.
 
 Bytes must be given in order from the start of the shard (a Range resume
 continues where the last write ended), which is how the client receives them.
+After any error the writer is unusable: the client gives up the version (a
+local disk problem, not the server's) and starts it again later.
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ import os
 
 ALIGN = 4096  # covers 512-byte and 4 KiB logical blocks
 STAGE = 4 << 20
+
+
+def pwrite_all(fd: int, data, offset: int) -> None:
+    """pwrite that fails loudly instead of writing part of `data`."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(f"pwrite wrote {n} bytes")
+        view, offset = view[n:], offset + n
 
 
 def open_direct(path) -> int | None:
@@ -50,13 +62,13 @@ class ShardWriter:
 
     def write(self, chunk) -> None:
         if self.direct_fd is None:
-            os.pwrite(self.fd, chunk, self.offset + self.written)
+            pwrite_all(self.fd, chunk, self.offset + self.written)
             self.written += len(chunk)
             return
         chunk = memoryview(chunk)
         if self.written < self.head:
             n = min(len(chunk), self.head - self.written)
-            os.pwrite(self.fd, chunk[:n], self.offset + self.written)
+            pwrite_all(self.fd, chunk[:n], self.offset + self.written)
             self.written += n
             chunk = chunk[n:]
         while chunk:
@@ -70,7 +82,7 @@ class ShardWriter:
         if self.written == self.size:
             self._flush_direct(self.fill - self.fill % ALIGN)
             if self.fill:  # the tail: less than a block, through the page cache
-                os.pwrite(self.fd, self.view[: self.fill], self.stage_at)
+                pwrite_all(self.fd, self.view[: self.fill], self.stage_at)
                 self.fill = 0
 
     def _flush_direct(self, n: int) -> None:

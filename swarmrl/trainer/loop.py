@@ -35,7 +35,7 @@ from swarmrl.models.loading import load_model, load_tokenizer
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import write_json_atomic
+from swarmrl.shardcast.manifest import ManifestError, write_json_atomic
 from swarmrl.shardcast.origin import Origin, Publisher
 from swarmrl.trainer.batch import BatchCollector, Sample, restore_unpublished
 from swarmrl.trainer.step import grpo_update
@@ -114,9 +114,16 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
 
     start, elapsed0, opt_state, carry = 1, 0.0, None, []
     resumable = [v for v in weights.versions() if v == 0 or _state_path(paths, v).exists()]
-    if resume and resumable:
-        v = resumable[-1]
-        model = load_model(str(weights.open_verified(v)), cfg.model.dtype)
+    verified = None
+    while resume and resumable and verified is None:
+        v = resumable.pop()
+        try:
+            verified = weights.open_verified(v)
+        except ManifestError as e:  # e.g. torn by a power loss: fall back to the one before
+            log.warning("version %d does not verify (%s); deleting it, trying the one before", v, e)
+            weights.delete(v)
+    if verified is not None:
+        model = load_model(str(verified), cfg.model.dtype)
         if v > 0:
             state = torch.load(_state_path(paths, v), weights_only=False)
             opt_state, elapsed0 = state["optimizer"], state["elapsed_s"]

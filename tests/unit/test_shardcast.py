@@ -307,6 +307,7 @@ def test_server_rejects_traversal_and_malformed_requests(tmp_path, key):
             "hidden_name": get("/v/0/.manifest.json/0"),
             "manifest_as_file": get("/v/0/manifest.json/0"),
             "bad_version": get("/v/abc/manifest.json"),
+            "unicode_digit": get("/v/%C2%B2/manifest.json"),
             "huge_version": get("/v/99999999999999999999/manifest.json"),
             "unknown_version": get("/v/42/manifest.json"),
             "bad_index": get("/v/0/model.safetensors/-1"),
@@ -377,9 +378,15 @@ def test_publisher_does_not_block_and_reports_errors(tmp_path, key):
     def broken(d: Path) -> None:
         raise OSError("disk full")
 
-    pub.submit(1, broken)
+    def slow_broken(d: Path) -> None:
+        time.sleep(0.3)
+        raise OSError("disk full")
+
+    pub.submit(1, slow_broken)
+    pub.submit(2, slow_write, then=lambda: done.append(2))  # queued behind the failure
     with pytest.raises(OSError, match="disk full"):
         pub.flush()
+    assert w.versions() == [0] and done == [0]  # nothing published past the failed version
     pub.close()
 
 
@@ -482,3 +489,30 @@ def test_shard_writer_puts_every_byte_in_place(tmp_path, direct):
     if dfd is not None:
         os.close(dfd)
     assert path.read_bytes() == data
+
+
+def test_a_manifest_that_arrives_in_many_reads_is_read_whole(tmp_path, key):
+    # 1600 shards: a ~180 KB manifest, more than one socket read
+    pub = public_key_hex(key)
+    w = LocalWeights(tmp_path / "origin", key=key, shard_bytes=256, trusted_key=pub)
+    data = _publish(w, 0, 1600 * 256)
+    assert (w.path(0) / MANIFEST).stat().st_size > 150_000
+    origin = Origin(w)
+    url = origin.start()
+
+    async def main():
+        stop = asyncio.Event()
+        got = []
+        client = Follower([url], pub, tmp_path / "client", parallel=4, on_fetched=got.append)
+        task = asyncio.create_task(client.run(stop))
+        await _until(lambda: got or client.failed, timeout=60)
+        stop.set()
+        await task
+        return client
+
+    try:
+        client = asyncio.run(main())
+    finally:
+        origin.stop()
+    assert not client.failed and client.pool.servers[url].bad_shards == 0
+    assert (client.local.path(0) / "model.safetensors").read_bytes() == data
