@@ -19,7 +19,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="swarmrl", description="Decentralized asynchronous RL for language models."
     )
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("rl", help="run the whole swarm locally (trainer + workers)")
+    p = sub.add_parser("rl", help="run the whole swarm locally (trainer, relays, workers)")
     _common(p)
     p.add_argument(
         "--resume", action="store_true", help="continue from the newest complete version"
