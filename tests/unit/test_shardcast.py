@@ -516,3 +516,55 @@ def test_a_manifest_that_arrives_in_many_reads_is_read_whole(tmp_path, key):
         origin.stop()
     assert not client.failed and client.pool.servers[url].bad_shards == 0
     assert (client.local.path(0) / "model.safetensors").read_bytes() == data
+
+
+def test_dropping_a_version_ends_its_in_flight_bodies_at_once(tmp_path, key):
+    import aiohttp
+
+    from swarmrl.shardcast.server import ServedVersion, ShardServer, VersionTable
+
+    w, _ = _origin(tmp_path, key)
+    _publish(w, 0)
+    manifest = read_manifest(w.path(0))
+
+    async def main():
+        table = VersionTable()
+        # announced, nothing on disk yet: a request for shard 0 waits for bytes
+        table.announce(ServedVersion(manifest, b"{}", w.path(0), complete=False))
+        server = ShardServer(table, "relay")
+        port = await server.start("127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{port}/v/0/model.safetensors/0") as r:
+                    assert r.status == 200
+                    asyncio.get_running_loop().call_later(0.2, table.drop, 0)
+                    # without closing, the client would sit on a kept-alive socket
+                    # until its own read timeout; 10 s here is only a guard
+                    with pytest.raises(aiohttp.ClientPayloadError):
+                        await asyncio.wait_for(r.read(), 10)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_server_choice_by_throughput_success_and_backoff():
+    from swarmrl.shardcast.client import ServerPool
+
+    async def main():
+        pool = ServerPool(["http://a", "http://b"])
+        a, b = pool.servers["http://a"], pool.servers["http://b"]
+        a.versions = b.versions = [3]
+        pool.success(b, 10_000_000, 1.0)  # b measured at 10 MB/s
+        assert pool.pick(3, set()) is a  # a not measured yet: tried first
+        pool.failure(a, "connection refused")
+        assert pool.pick(3, set()) is b and a.backoff_until > 0  # a backs off
+        a.backoff_until = 0.0  # backoff over
+        assert pool.pick(3, set()) is a  # failed before any measurement: explored again
+        pool.success(a, 1_000_000, 1.0)  # a measured at 1 MB/s
+        assert pool.pick(3, set()) is b  # the faster server wins
+        b.active = 20  # ...unless it is already busy with many transfers
+        assert pool.pick(3, set()) is a
+        assert pool.pick(3, {"http://a"}) is b and pool.pick(4, set()) is None
+
+    asyncio.run(main())
