@@ -568,3 +568,47 @@ def test_server_choice_by_throughput_success_and_backoff():
         assert pool.pick(3, {"http://a"}) is b and pool.pick(4, set()) is None
 
     asyncio.run(main())
+
+
+def test_nonsense_version_lists_are_ignored_and_polling_goes_on(tmp_path, key):
+    from aiohttp import web
+
+    w, origin = _origin(tmp_path, key)
+    _publish(w, 0)
+    url = origin.start()
+    pub = public_key_hex(key)
+    answers = iter([b"[1, 2]", b'{"versions": "x"}', b"{" + b" " * 100_000 + b"}"])
+
+    async def versions(request):
+        body = next(answers, None)
+        if body is None:  # then it behaves: an honest-looking empty list
+            await asyncio.sleep(0.5)
+            return web.json_response({"versions": []})
+        return web.Response(body=body, content_type="application/json")
+
+    async def main():
+        app = web.Application()
+        app.add_routes([web.get("/versions", versions)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        junk = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        stop = asyncio.Event()
+        got = []
+        client = Follower([junk, url], pub, tmp_path / "client", on_fetched=got.append)
+        task = asyncio.create_task(client.run(stop))
+        await _until(lambda: got)
+        await asyncio.sleep(4)  # three nonsense answers, one per second: the poll survives
+        stop.set()
+        await task
+        await runner.cleanup()
+        return client, junk
+
+    try:
+        client, junk = asyncio.run(main())
+    finally:
+        origin.stop()
+    assert client.local.versions() == [0]
+    assert next(answers, "spent") == "spent"  # the junk server was asked again after each
+    assert client.pool.servers[junk].versions == []
