@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from swarmrl.config import ConfigError, config_docs, load_config
     from swarmrl.models.loading import ModelLoadError
+    from swarmrl.protocol.identity import IdentityError
+    from swarmrl.shardcast.client import ShardcastError
     from swarmrl.tasks.schema import TaskError
 
     try:
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"swarmrl: {e}", file=sys.stderr)
         return 2
-    except (ModelLoadError, TaskError) as e:  # bad input: say what is wrong, no traceback
+    except (ModelLoadError, TaskError, IdentityError, ShardcastError) as e:
+        # bad input: say what is wrong, no traceback
         print(f"swarmrl: {e}", file=sys.stderr)
         return 2
 

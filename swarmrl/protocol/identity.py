@@ -33,15 +33,20 @@ def load_or_create_key(path: Path) -> SigningKey:
     return key
 
 
-def load_key(path: Path) -> SigningKey:
-    text = Path(path).read_text().strip()
+def _hex32(text: str, what: str) -> bytes:
+    """32 bytes written as hex, or IdentityError naming `what`."""
+    text = text.strip()
     try:
-        seed = bytes.fromhex(text)
+        raw = bytes.fromhex(text)
     except ValueError:
-        raise IdentityError(f"{path}: not a hex ed25519 seed") from None
-    if len(seed) != 32:
-        raise IdentityError(f"{path}: ed25519 seed must be 32 bytes, got {len(seed)}")
-    return SigningKey(seed)
+        raise IdentityError(f"{what} is not hex") from None
+    if len(raw) != 32:
+        raise IdentityError(f"{what} must be 32 bytes, got {len(raw)}")
+    return raw
+
+
+def load_key(path: Path) -> SigningKey:
+    return SigningKey(_hex32(Path(path).read_text(), f"{path}: the ed25519 seed"))
 
 
 def public_key_hex(key: SigningKey) -> str:
@@ -49,14 +54,7 @@ def public_key_hex(key: SigningKey) -> str:
 
 
 def parse_public_key(text: str) -> VerifyKey:
-    text = text.strip()
-    try:
-        raw = bytes.fromhex(text)
-    except ValueError:
-        raise IdentityError(f"public key {text[:80]!r} is not hex") from None
-    if len(raw) != 32:
-        raise IdentityError(f"an ed25519 public key is 32 bytes, got {len(raw)}")
-    return VerifyKey(raw)
+    return VerifyKey(_hex32(text, f"ed25519 public key {text.strip()[:80]!r}"))
 
 
 def sign(key: SigningKey, message: bytes) -> str:

@@ -20,7 +20,7 @@ import logging
 import signal
 from pathlib import Path
 
-from swarmrl.shardcast.client import Follower
+from swarmrl.shardcast.client import Follower, ShardcastError
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import MANIFEST, ManifestError, verify_version
 from swarmrl.shardcast.server import ServedVersion, ShardServer, VersionTable
@@ -53,6 +53,8 @@ async def serve_relay(
     stop: asyncio.Event | None = None,
     on_ready=None,
 ) -> None:
+    if not upstreams:
+        raise ShardcastError("a relay needs at least one upstream URL (--upstream)")
     stop = stop or asyncio.Event()
     table = VersionTable()
     local = LocalWeights(root, keep=keep, trusted_key=trusted_key)

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from swarmrl.config import RunConfig
+from swarmrl.config import ConfigError, RunConfig
 from swarmrl.shardcast.client import Fetched, Follower
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import ManifestError
@@ -87,7 +87,7 @@ def trainer_public_key(cfg: RunConfig) -> str:
     try:
         return path.read_text().strip()
     except FileNotFoundError:
-        raise FileNotFoundError(
+        raise ConfigError(
             f"no trainer public key: set shardcast.public_key or create {path}"
         ) from None
 
@@ -98,7 +98,7 @@ def open_weights_source(cfg: RunConfig, node_name: str):
     if not cfg.shardcast.enabled:
         return LocalWeights(paths["weights"])
     if not cfg.shardcast.servers:
-        raise ValueError("shardcast.servers is empty: give the URLs of relays or the origin")
+        raise ConfigError("shardcast.servers is empty: give the URLs of relays or the origin")
     latency_log = paths["run"] / "weights_latency.jsonl"
     reports = paths["run"] / "bad_servers.jsonl"
 
