@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     from swarmrl.config import ConfigError, config_docs, load_config
     from swarmrl.models.loading import ModelLoadError
     from swarmrl.protocol.identity import IdentityError
-    from swarmrl.shardcast.client import ShardcastError
+    from swarmrl.shardcast.servers import ShardcastError
     from swarmrl.tasks.schema import TaskError
 
     try:

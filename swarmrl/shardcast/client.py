@@ -6,16 +6,13 @@ announced it fetches the manifest (rejected unless signed by the trusted
 trainer key, for the version asked), then downloads the shards in parallel
 straight into the files of `<root>/step_<n>/`, writing the manifest last.
 
-Server choice (`ServerPool`): each server has exponential moving averages of
-throughput (bytes/s) and success (0..1). A shard goes to the server with the
-best throughput × success / (1 + downloads in progress there); a server not
-yet measured is tried first. A failure counts as zero throughput and backs the
-server off exponentially (0.25 s doubling to 30 s). A broken transfer resumes
-where it stopped, with `Range`, on the best other server, the running sha256
-carried over. A shard whose hash does not match marks every server that sent
-bytes of it (`bad_data`, logged and counted for reporting to the orchestrator)
-and is refetched from the start elsewhere; those servers are not asked for
-that shard again.
+Each shard goes to the server `ServerPool` (servers.py) picks. A broken
+transfer resumes where it stopped, with `Range`, on the best other server, the
+running sha256 carried over. A shard whose hash does not match, sent by one
+server, marks that server (`bad_data`, reported through `on_bad_data`) and is
+refetched from the start elsewhere; that server is not asked for that shard
+again. A mismatch in bytes from several servers blames none of them: the
+shard is refetched whole from one server.
 
 Memory: shard bodies go from the socket into one 1 MB buffer per connection
 (fastget.py) and from there to `pwrite` and the hash, so a client holds a few
@@ -52,13 +49,12 @@ from swarmrl.shardcast.manifest import (
     Shard,
     parse_manifest,
 )
+from swarmrl.shardcast.servers import ServerPool, ServerStats, ShardcastError
 from swarmrl.shardcast.writer import ShardWriter, open_direct
 
 log = logging.getLogger("swarmrl.shardcast.client")
 
 CHUNK = 4 << 20
-EMA_ALPHA = 0.3
-BACKOFF_MIN_S, BACKOFF_MAX_S = 0.25, 30.0
 MAX_SHARD_ATTEMPTS = 12
 POLL_WAIT_S = 30.0
 POLL_RETRY_S = 1.0
@@ -67,11 +63,6 @@ MAX_ANNOUNCED = 64  # per server: the newest ones; retention keeps a handful any
 FAILED_RETRY_S = 10.0  # a version given up on is tried again after this long
 MIN_SHARD_BPS = 256 * 1024  # slower than this (after a 10 s grace) counts as a failure
 PROGRESS_STEP = 4 << 20  # a relay streams in-flight shards onward in steps of this size
-UNMEASURED_BPS = 1e11  # optimistic: a server not yet measured is tried early
-
-
-class ShardcastError(RuntimeError):
-    pass
 
 
 class _BadStatus(RuntimeError):
@@ -84,87 +75,6 @@ class _BadBody(ValueError):
 
 class _LocalWriteError(RuntimeError):
     """Our own disk failed: not the server's fault."""
-
-
-@dataclass
-class ServerStats:
-    url: str
-    ema_bps: float | None = None
-    ema_ok: float = 1.0
-    failures: int = 0
-    backoff_until: float = 0.0
-    active: int = 0
-    bad_shards: int = 0
-    bytes: int = 0
-    versions: list[int] = field(default_factory=list)
-
-    def score(self) -> float:
-        bps = self.ema_bps if self.ema_bps is not None else UNMEASURED_BPS
-        return bps * self.ema_ok / (1 + self.active)
-
-
-class ServerPool:
-    """Per-server throughput and success, and the choice of a server per shard."""
-
-    def __init__(self, urls: list[str], on_bad_data: Callable[[str, str], None] | None = None):
-        if not urls:
-            raise ShardcastError("no SHARDCAST servers given")
-        self.servers = {u.rstrip("/"): ServerStats(u.rstrip("/")) for u in urls}
-        self.changed = asyncio.Event()
-        self.on_bad_data = on_bad_data
-
-    def pick(self, version: int, exclude: set[str]) -> ServerStats | None:
-        now = time.monotonic()
-        ok = [
-            s
-            for s in self.servers.values()
-            if s.url not in exclude and version in s.versions and s.backoff_until <= now
-        ]
-        return max(ok, key=ServerStats.score) if ok else None
-
-    def success(self, s: ServerStats, nbytes: int, seconds: float) -> None:
-        bps = nbytes / max(seconds, 1e-6)
-        s.ema_bps = bps if s.ema_bps is None else EMA_ALPHA * bps + (1 - EMA_ALPHA) * s.ema_bps
-        s.ema_ok = EMA_ALPHA + (1 - EMA_ALPHA) * s.ema_ok
-        s.failures = 0
-        s.bytes += nbytes
-
-    def failure(self, s: ServerStats, why: str) -> None:
-        if s.ema_bps is not None:  # unmeasured stays unmeasured: tried again after backoff
-            s.ema_bps = (1 - EMA_ALPHA) * s.ema_bps
-        s.ema_ok = (1 - EMA_ALPHA) * s.ema_ok
-        s.failures += 1
-        delay = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2 ** (s.failures - 1))
-        s.backoff_until = time.monotonic() + delay
-        log.warning("server %s failed (%s); backing off %.2fs", s.url, why, delay)
-
-    def bad_data(self, s: ServerStats, what: str) -> None:
-        s.bad_shards += 1
-        self.failure(s, f"served bad data: {what}")
-        log.error("server %s served bad data (%s)", s.url, what)
-        if self.on_bad_data is not None:
-            self.on_bad_data(s.url, what)
-
-    def next_ready_in(self, version: int, exclude: set[str]) -> float | None:
-        """Seconds until some non-excluded server announcing `version` leaves backoff."""
-        now = time.monotonic()
-        waits = [
-            max(0.0, s.backoff_until - now)
-            for s in self.servers.values()
-            if s.url not in exclude and version in s.versions
-        ]
-        return min(waits) if waits else None
-
-    def snapshot(self) -> dict[str, dict]:
-        return {
-            u: {
-                "ema_MBps": None if s.ema_bps is None else round(s.ema_bps / 1e6, 2),
-                "ema_ok": round(s.ema_ok, 3),
-                "bad_shards": s.bad_shards,
-                "MB": round(s.bytes / 1e6, 1),
-            }
-            for u, s in self.servers.items()
-        }
 
 
 @dataclass

@@ -20,7 +20,8 @@ import logging
 import signal
 from pathlib import Path
 
-from swarmrl.shardcast.client import Follower, ShardcastError
+from swarmrl.shardcast.client import Follower
+from swarmrl.shardcast.servers import ShardcastError
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import MANIFEST, ManifestError, verify_version
 from swarmrl.shardcast.server import ServedVersion, ShardServer, VersionTable

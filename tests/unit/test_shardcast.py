@@ -549,7 +549,7 @@ def test_dropping_a_version_ends_its_in_flight_bodies_at_once(tmp_path, key):
 
 
 def test_server_choice_by_throughput_success_and_backoff():
-    from swarmrl.shardcast.client import ServerPool
+    from swarmrl.shardcast.servers import ServerPool
 
     async def main():
         pool = ServerPool(["http://a", "http://b"])
