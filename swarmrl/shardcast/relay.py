@@ -21,10 +21,10 @@ import signal
 from pathlib import Path
 
 from swarmrl.shardcast.client import Follower
-from swarmrl.shardcast.servers import ShardcastError
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import MANIFEST, ManifestError, verify_version
 from swarmrl.shardcast.server import ServedVersion, ShardServer, VersionTable
+from swarmrl.shardcast.servers import ShardcastError
 
 log = logging.getLogger("swarmrl.shardcast.relay")
 
