@@ -11,7 +11,7 @@ bytes:
   (every shard checked against the signed manifest) and exited.
 - the published `shardcast` package 0.3.2, same topology (bench/shardcast_peers.py);
 - nginx serving the file directly to 8 parallel curl downloads: the practical
-  limit of this machine's loopback and disk (bench/shardcast_peers.py).
+  limit of this machine's loopback and disk (bench/nginx_curl.py).
 
 Prints one JSON object: seconds, throughput (client bytes / s), peak RSS of
 relays and clients, CPU seconds per process, and the ratios.
@@ -49,6 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from benchproc import free_port  # noqa: E402
+
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex  # noqa: E402
 from swarmrl.shardcast.local import LocalWeights, version_dir_name  # noqa: E402
 
@@ -81,14 +83,6 @@ def cpu_s(pid: int) -> float:
     except FileNotFoundError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, timeout: float = 30.0) -> None:
@@ -141,13 +135,13 @@ def run_swarmrl(
         return p
 
     try:
-        oport = _free_port()
+        oport = free_port()
         start("origin", cli + ["origin", "--dir", str(served), "--port", str(oport), *common])
         origin_url = f"http://127.0.0.1:{oport}"
         _wait_http(origin_url + "/health")
         relay_urls, relay_procs = [], []
         for i in range(relays):
-            port = _free_port()
+            port = free_port()
             relay_procs.append(
                 start(
                     f"relay-{i}",
@@ -256,6 +250,7 @@ def main() -> None:
             if not args.workdir:
                 shutil.rmtree(work)
         if "published" in which or "nginx" in which:
+            import nginx_curl
             import shardcast_peers
 
             if "published" in which:
@@ -268,7 +263,7 @@ def main() -> None:
             if "nginx" in which:
                 work = base / "nginx"
                 work.mkdir()
-                out["nginx_curl"] = shardcast_peers.run_nginx_curl(src, work, clients=args.clients)
+                out["nginx_curl"] = nginx_curl.run_nginx_curl(src, work, clients=args.clients)
                 shutil.rmtree(work, ignore_errors=True)
         ours = out.get("swarmrl", {}).get("seconds")
         if ours and "published_shardcast" in out:

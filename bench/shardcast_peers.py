@@ -1,4 +1,5 @@
-"""Peers for the SHARDCAST benchmark: the published `shardcast` package and nginx + curl.
+"""Peers for the SHARDCAST benchmark: the published `shardcast` package (and, from
+bench/nginx_curl.py, nginx + curl).
 
     .venv/bin/python bench/shardcast_peers.py [--mib 1024] [--workdir DIR] [--only NAME]
 
@@ -87,22 +88,34 @@ all processes compete for the CPU, which every system here suffers alike.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchproc import (  # noqa: E402
+    MB,
+    Proc,
+    RssSampler,
+    clean_env,
+    free_port,
+    listen_overflows,
+    make_random_file,
+    rm_tree,
+    sha256_file,
+    status_kb,
+    warm_cache,
+)
+from nginx_curl import run_nginx_curl  # noqa: E402
+
 PACKAGE = "shardcast==0.3.2"
 PEERS_DIR = Path(__file__).resolve().parent / ".peers"
-MB = 1e6
 
 # Package knob defaults (shardcast/envs.py, middle_node.py in 0.3.2), reported with results.
 PACKAGE_DEFAULTS = {
@@ -192,204 +205,6 @@ sys.exit(0 if ok else 1)
 """
 
 
-# --- small helpers ---------------------------------------------------------------------
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def make_random_file(path: Path, mib: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        for _ in range(mib):
-            f.write(os.urandom(1 << 20))
-    return path
-
-
-def _warm(path: Path) -> None:
-    """Read the file once (page cache) and flush dirty pages, so no run pays for another."""
-    with open(path, "rb") as f:
-        while f.read(16 << 20):
-            pass
-    os.sync()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
-
-
-def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Our environment without proxy settings (everything here is loopback)."""
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    env.pop("PYTHONPATH", None)
-    env.update(extra or {})
-    return env
-
-
-def _listen_overflows() -> int:
-    """Kernel-wide count of connections dropped because a listen queue was full."""
-    with open("/proc/net/netstat") as f:
-        lines = [ln.split() for ln in f if ln.startswith("TcpExt:")]
-    return int(dict(zip(lines[0][1:], lines[1][1:], strict=True))["ListenOverflows"])
-
-
-def _status_kb(pid: int, field: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _tree(pid: int) -> list[int]:
-    pids, i = [pid], 0
-    while i < len(pids):
-        p = pids[i]
-        i += 1
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    pids.extend(int(x) for x in f.read().split())
-        except OSError:
-            pass
-    return pids
-
-
-class RssSampler(threading.Thread):
-    """Every `period` s: VmHWM of each watched pid, and the summed VmRSS of its process tree."""
-
-    def __init__(self, period: float = 0.2):
-        super().__init__(daemon=True)
-        self.period = period
-        self.pids: dict[int, str] = {}
-        self.hwm_kb: dict[int, int] = {}
-        self.tree_kb: dict[int, int] = {}
-        self._stop_event = threading.Event()
-        self._lock = threading.Lock()
-
-    def watch(self, pid: int, name: str) -> None:
-        with self._lock:
-            self.pids[pid] = name
-
-    def sample(self) -> None:
-        with self._lock:
-            pids = list(self.pids)
-        for pid in pids:
-            hwm = _status_kb(pid, "VmHWM")
-            if hwm is not None:
-                self.hwm_kb[pid] = max(hwm, self.hwm_kb.get(pid, 0))
-            total = sum(_status_kb(p, "VmRSS") or 0 for p in _tree(pid))
-            self.tree_kb[pid] = max(total, self.tree_kb.get(pid, 0))
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.period):
-            self.sample()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-
-
-class Proc:
-    """A subprocess in its own process group; stdout lines collected, stderr to a log file."""
-
-    def __init__(self, name: str, cmd: list[str], log: Path, env=None, cwd=None, stdin=False):
-        self.name = name
-        self.log = log
-        self._logf = open(log, "wb")
-        self.p = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._logf,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.p.stdout:
-            line = line.strip()
-            if line == "READY":
-                self.ready.set()
-            elif line:
-                self.lines.append(line)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.ready.wait(0.1):
-            if self.p.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not start; log tail:\n{self.tail()}")
-
-    def json_line(self) -> dict | None:
-        for line in reversed(self.lines):
-            if line.startswith("{"):
-                return json.loads(line)
-        return None
-
-    def tail(self, n: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def kill(self, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
-        if self.p.poll() is None:
-            try:
-                os.killpg(self.p.pid, sig)
-                self.p.wait(grace)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-        if self.p.poll() is None:
-            try:
-                os.killpg(self.p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.p.wait()
-        else:  # the leader is gone; make sure nothing of its group lingers (wget)
-            try:
-                os.killpg(self.p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if self.p.stdout:
-            self.p.stdout.close()
-        if self.p.stdin:
-            self.p.stdin.close()
-        self._logf.close()
-
-
-def _rm(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 # --- the published package -------------------------------------------------------------
 
 
@@ -408,7 +223,7 @@ def ensure_package_venv(venv: Path = PEERS_DIR / "venv") -> tuple[Path, dict]:
         capture_output=True,
         text=True,
         check=True,
-        env=_clean_env(),
+        env=clean_env(),
     ).stdout.strip()
     return py, {"shardcast": sc_ver, "blake3": b3_ver, "package_dir": pkg}
 
@@ -450,7 +265,7 @@ def run_published_shardcast(
     """
     src = Path(src).resolve()
     workdir = Path(workdir).resolve() / "published_shardcast"
-    _rm(workdir)
+    rm_tree(workdir)
     workdir.mkdir(parents=True)
     size = src.stat().st_size
     want_sha = sha256_file(src)
@@ -464,7 +279,7 @@ def run_published_shardcast(
         "SHARDCAST_MAX_CONCURRENT_DOWNLOADS": max_concurrent_downloads,
         "SHARDCAST_SHARD_SIZE": PACKAGE_DEFAULTS["SHARDCAST_SHARD_SIZE"],
     }
-    env = _clean_env(
+    env = clean_env(
         {
             "SHARDCAST_LOG_LEVEL": log_level,
             "SHARDCAST_FAST_RETRY_INTERVAL": str(knobs["SHARDCAST_FAST_RETRY_INTERVAL"]),
@@ -481,7 +296,7 @@ def run_published_shardcast(
         origin_dir = workdir / "origin"
         origin_dir.mkdir()
         (origin_dir / "data1.bin").write_bytes(b"\0" * 1_000_000)
-        origin_port = _free_port()
+        origin_port = free_port()
         origin = Proc(
             "origin",
             [str(py), "-c", ORIGIN_PROG, str(origin_dir), str(origin_port), str(src)],
@@ -500,7 +315,7 @@ def run_published_shardcast(
             d = workdir / f"middle_{i}"
             d.mkdir()
             (d / "data1.bin").write_bytes(b"\0" * 1_000_000)
-            port = _free_port()
+            port = free_port()
             m = Proc(
                 f"middle_{i}",
                 [str(py), "-c", MIDDLE_PROG, f"http://127.0.0.1:{origin_port}", str(d)]
@@ -535,8 +350,8 @@ def run_published_shardcast(
             c.wait_ready(60)
             sampler.watch(c.p.pid, c.name)
 
-        _warm(src)
-        overflows0 = _listen_overflows()
+        warm_cache(src)
+        overflows0 = listen_overflows()
         t_go = time.time()
         origin.p.stdin.write("go\n")
         origin.p.stdin.flush()
@@ -551,12 +366,12 @@ def run_published_shardcast(
                 if c.p.poll() is not None and c.p.returncode != 0:
                     raise RuntimeError(f"{c.name} exited {c.p.returncode}:\n{c.tail()}")
             time.sleep(0.1)
-        overflows = _listen_overflows() - overflows0
+        overflows = listen_overflows() - overflows0
         for c in cl:
             c._reader.join(5)
         sampler.sample()
-        relay_hwm = {m.name: _status_kb(m.p.pid, "VmHWM") for m in middles}
-        origin_hwm = _status_kb(origin.p.pid, "VmHWM")
+        relay_hwm = {m.name: status_kb(m.p.pid, "VmHWM") for m in middles}
+        origin_hwm = status_kb(origin.p.pid, "VmHWM")
 
         pub = origin.json_line()
         rows = [c.json_line() for c in cl]
@@ -623,153 +438,7 @@ def run_published_shardcast(
         if not keep:
             for p in workdir.glob("*"):
                 if p.is_dir():
-                    _rm(p)
-
-
-# --- nginx + curl ----------------------------------------------------------------------
-
-
-def _ensure_nginx() -> str:
-    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-    if exe:
-        return exe
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "install", "-y", "-q", "nginx"], check=True, env=env)
-    return shutil.which("nginx") or "/usr/sbin/nginx"
-
-
-NGINX_CONF = """\
-daemon off;
-master_process on;
-worker_processes auto;
-{user}
-pid {wd}/nginx.pid;
-error_log {wd}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    sendfile on;
-    tcp_nopush on;
-    default_type application/octet-stream;
-    client_body_temp_path {wd}/tmp/body;
-    proxy_temp_path {wd}/tmp/proxy;
-    fastcgi_temp_path {wd}/tmp/fastcgi;
-    uwsgi_temp_path {wd}/tmp/uwsgi;
-    scgi_temp_path {wd}/tmp/scgi;
-    server {{
-        listen 127.0.0.1:{port};
-        root {wd}/www;
-    }}
-}}
-"""
-
-
-def run_nginx_curl(src: Path, workdir: Path, clients: int = 8, *, keep: bool = False) -> dict:
-    """Serve `src` with our own nginx on 127.0.0.1 to `clients` parallel curl downloads."""
-    src = Path(src).resolve()
-    wd = Path(workdir).resolve() / "nginx_curl"
-    _rm(wd)
-    (wd / "tmp").mkdir(parents=True)
-    (wd / "www").mkdir()
-    (wd / "out").mkdir()
-    size = src.stat().st_size
-    want_sha = sha256_file(src)
-    exe = _ensure_nginx()
-    version = subprocess.run([exe, "-v"], capture_output=True, text=True).stderr.strip()
-    served = wd / "www" / "checkpoint.bin"
-    if src.stat().st_dev == wd.stat().st_dev:
-        os.link(src, served)
-    else:
-        served.symlink_to(src)
-    port = _free_port()
-    # As root, nginx workers would otherwise run as nobody and could not read a 0700 workdir.
-    user = "user root;" if os.geteuid() == 0 else ""
-    conf = wd / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(wd=wd, port=port, user=user))
-    subprocess.run(
-        [exe, "-t", "-q", "-p", str(wd), "-c", str(conf), "-e", str(wd / "error.log")], check=True
-    )
-
-    curls: list[subprocess.Popen] = []
-    nginx = None
-    try:
-        nginx = Proc(
-            "nginx",
-            [exe, "-p", str(wd), "-c", str(conf), "-e", str(wd / "error.log")],
-            wd / "nginx.stderr",
-            env=_clean_env(),
-        )
-        _wait_port(port)
-        _warm(src)
-        url = f"http://127.0.0.1:{port}/checkpoint.bin"
-        outs = [wd / "out" / f"client_{i}.bin" for i in range(clients)]
-        t0 = time.monotonic()
-        curls = [
-            subprocess.Popen(
-                ["curl", "-s", "-S", "--fail", "-o", str(o), url], start_new_session=True
-            )
-            for o in outs
-        ]
-        rcs = [c.wait() for c in curls]
-        t1 = time.monotonic()
-        sums = [
-            subprocess.Popen(["sha256sum", str(o)], stdout=subprocess.PIPE, text=True) for o in outs
-        ]
-        digests = [s.communicate()[0].split()[0] if s.stdout else "" for s in sums]
-        t2 = time.monotonic()
-        if any(rcs) or any(d != want_sha for d in digests):
-            raise RuntimeError(
-                f"nginx/curl failed: curl rcs {rcs}, digests ok {[d == want_sha for d in digests]}"
-            )
-        # Verified delivery done as well as a shell can: hash while downloading.
-        for o in outs:
-            o.unlink()
-        os.sync()
-        t3 = time.monotonic()
-        curls = [
-            subprocess.Popen(
-                ["sh", "-c", f"curl -s -S --fail {url} | tee {o} | sha256sum"],
-                stdout=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-            for o in outs
-        ]
-        streamed = [c.communicate()[0].split()[0] for c in curls]
-        t4 = time.monotonic()
-        if any(d != want_sha for d in streamed):
-            raise RuntimeError("nginx/curl|tee|sha256sum: wrong digest")
-        workers = [p for p in _tree(nginx.p.pid) if p != nginx.p.pid]
-        worker_hwm = max((_status_kb(p, "VmHWM") or 0 for p in workers), default=0)
-        seconds = t1 - t0
-        return {
-            "system": version.replace("nginx version: ", ""),
-            "seconds": round(seconds, 3),
-            "seconds_with_verify": round(t2 - t0, 3),
-            "verify_seconds": round(t2 - t1, 3),
-            "seconds_streamed_verify": round(t4 - t3, 3),
-            "throughput_MBps": round(clients * size / seconds / MB, 1),
-            "peak_rss_nginx_worker_MB": round(worker_hwm / 1024, 1),
-            "nginx_workers": len(workers),
-            "bytes": size,
-            "clients": clients,
-            "notes": [
-                "seconds: from starting the curls until all exited (files written to disk); "
-                "seconds_with_verify: plus sha256sum of all files, run in parallel; "
-                "seconds_streamed_verify: a second round of `curl | tee file | sha256sum`, "
-                "hashing while downloading.",
-                "nginx: sendfile on, tcp_nopush on, access_log off, worker_processes auto.",
-            ],
-        }
-    finally:
-        for c in curls:
-            if c.poll() is None:
-                os.killpg(c.pid, signal.SIGKILL)
-                c.wait()
-        if nginx is not None:
-            nginx.kill(signal.SIGQUIT)  # graceful stop of our master; group killed after
-        if not keep:
-            _rm(wd / "out")
+                    rm_tree(p)
 
 
 # --- command line ----------------------------------------------------------------------
