@@ -27,12 +27,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fresh", action="store_true", help="delete an existing run directory of this name first"
     )
+    p.add_argument(
+        "--cheaters", type=int, default=0, help="add N dishonest workers (validator demo/test)"
+    )
+    p.add_argument(
+        "--cheats",
+        default=None,
+        help="comma-separated cheats given to the cheaters in turn (default: other-model, "
+        "low-precision, altered-prompt, cheap-tokens, inflated-reward)",
+    )
     p = sub.add_parser("trainer", help="run the GRPO trainer process")
     _common(p)
     p.add_argument("--resume", action="store_true")
     p = sub.add_parser("worker", help="run one inference worker process")
     _common(p)
     p.add_argument("--index", type=int, default=0, help="worker number (for logs)")
+    p.add_argument("--cheat", default=None, help="run as a dishonest worker (tests and demos)")
+    p = sub.add_parser("validator", help="run a validator: check rollout files, write verdicts")
+    _common(p)
+    p.add_argument("--index", type=int, default=0, help="validator number (of validator.count)")
     p = sub.add_parser("relay", help="run a SHARDCAST relay (mirrors weights, serves them onward)")
     _common(p)
     p.add_argument(
@@ -136,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             from swarmrl.launcher import LaunchError, launch
 
             try:
-                return launch(cfg, args.config, args.overrides, args.resume, args.fresh)
+                cheats = args.cheats.split(",") if args.cheats else None
+                return launch(
+                    cfg, args.config, args.overrides, args.resume, args.fresh, args.cheaters, cheats
+                )
             except LaunchError as e:
                 print(f"swarmrl: {e}", file=sys.stderr)
                 return 2
@@ -148,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "worker":
             from swarmrl.inference.worker import run_worker
 
-            run_worker(cfg, args.index)
+            run_worker(cfg, args.index, args.cheat)
+        elif args.command == "validator":
+            from swarmrl.validator.loop import run_validator
+
+            run_validator(cfg, args.index)
         elif args.command == "relay":
             from swarmrl.shardcast.relay import run_relay
             from swarmrl.shardcast.source import trainer_public_key

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarmrl.config import RunConfig
-from swarmrl.report import read_metrics
+from swarmrl.progress import Progress, summary_lines
 
 log = logging.getLogger("swarmrl.launcher")
 GRACE_S = 10.0
@@ -101,11 +101,6 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def _fmt_s(s: float) -> str:
-    s = int(max(s, 0))
-    return f"{s // 60}m{s % 60:02d}s"
-
-
 def _free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -135,58 +130,6 @@ def _shardcast_setup(cfg: RunConfig, base: list[str], cfg_args: list[str]):
     return extra, relays
 
 
-def weights_lag(run: Path, last: int = 8) -> float | None:
-    """Mean seconds from publish to a worker having the version, over the last rows."""
-    try:
-        lines = (run / "weights_latency.jsonl").read_text().splitlines()[-last:]
-    except FileNotFoundError:
-        return None
-    rows = [json.loads(x) for x in lines if x.strip()]
-    return sum(r["latency_s"] for r in rows) / len(rows) if rows else None
-
-
-class Progress:
-    """One status line: a rewritten line on a terminal, a line per step otherwise."""
-
-    def __init__(self, cfg: RunConfig, metrics: Path):
-        self.cfg = cfg
-        self.metrics = metrics
-        self.tty = sys.stdout.isatty()
-        self.shown = 0
-        self.t0 = time.time()
-        self.first_step: int | None = None
-
-    def update(self, alive_workers: int) -> None:
-        rows = read_metrics(self.metrics)
-        if not rows or rows[-1]["step"] == self.shown:
-            return
-        last = rows[-1]
-        if self.first_step is None:
-            self.first_step = last["step"]
-        done_here = last["step"] - self.first_step + 1
-        per_step = (time.time() - self.t0) / max(done_here, 1)
-        eta = per_step * (self.cfg.trainer.steps - last["step"])
-        samples_s = sum(r["samples"] for r in rows) / max(last["elapsed_s"], 1e-9)
-        rejected = sum(r["rejected_files"] for r in rows)
-        lag = weights_lag(self.metrics.parent)
-        lag_s = f" | weights lag {lag:.2f}s" if lag is not None else ""
-        line = (
-            f"step {last['step']}/{self.cfg.trainer.steps} | reward {last['reward']:.3f} "
-            f"(first {rows[0]['reward']:.3f}) | staleness {last['staleness']:.2f} | "
-            f"{samples_s:.0f} samples/s | workers {alive_workers}/{self.cfg.launcher.workers} | "
-            f"rejected {rejected}{lag_s} | ETA {_fmt_s(eta)}"
-        )
-        self.shown = last["step"]
-        if self.tty:
-            print("\r" + line.ljust(120), end="", flush=True)
-        else:
-            print(line, flush=True)
-
-    def close(self) -> None:
-        if self.tty:
-            print(flush=True)
-
-
 def prepare_run_dir(cfg: RunConfig, resume: bool, fresh: bool) -> Path:
     run = cfg.run_dir
     if run.exists() and any(run.iterdir()):
@@ -201,12 +144,47 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, fresh: bool) -> Path:
     return run
 
 
+def _validator_setup(cfg: RunConfig) -> list[str]:
+    """Create the validators' keys up front, so the trainer is told whom to trust."""
+    from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+
+    if not cfg.validator.enabled:
+        return []
+    keys = cfg.run_paths()["keys"]
+    pubs = [
+        public_key_hex(load_or_create_key(keys / f"validator-{i}.key"))
+        for i in range(cfg.validator.count)
+    ]
+    return ["validator.public_keys=" + json.dumps(pubs)]
+
+
+def _cheat_list(cheaters: int, cheats: list[str] | None) -> list[str]:
+    from swarmrl.inference.cheats import CHEATS, RL_CHEATS
+
+    kinds = cheats or RL_CHEATS
+    unknown = [c for c in kinds if c not in CHEATS]
+    if unknown:
+        raise LaunchError(f"unknown cheat(s) {unknown}; known: {', '.join(CHEATS)}")
+    if cheaters and not kinds:
+        raise LaunchError("--cheats is empty")
+    return [kinds[i % len(kinds)] for i in range(cheaters)]
+
+
 def launch(
-    cfg: RunConfig, config_path: str | None, overrides: list[str], resume: bool, fresh: bool
+    cfg: RunConfig,
+    config_path: str | None,
+    overrides: list[str],
+    resume: bool,
+    fresh: bool,
+    cheaters: int = 0,
+    cheats: list[str] | None = None,
 ) -> int:
     from swarmrl.models.loading import resolve_model_path
 
     resolve_model_path(cfg.model.path)  # fail before starting anything
+    cheat_kinds = _cheat_list(cheaters, cheats)
+    if cheat_kinds and not cfg.validator.enabled:
+        raise LaunchError("--cheaters needs validator.enabled: nothing would stop them")
     run = prepare_run_dir(cfg, resume, fresh)
     base = [sys.executable, "-m", "swarmrl"]
     cfg_args = (["--config", config_path] if config_path else []) + list(overrides)
@@ -214,6 +192,7 @@ def launch(
     if cfg.shardcast.enabled:
         extra, relays = _shardcast_setup(cfg, base, cfg_args)
         cfg_args = cfg_args + extra
+    cfg_args = cfg_args + _validator_setup(cfg)
     trainer = Proc(
         "trainer",
         base + ["trainer", *cfg_args] + (["--resume"] if resume else []),
@@ -230,7 +209,26 @@ def launch(
         )
         for i in range(cfg.launcher.workers)
     ]
-    helpers = [*relays, *workers]  # restarted when they die
+    cheater_procs = [
+        Proc(
+            f"cheater-{i}",
+            base + ["worker", "--index", str(i), "--cheat", kind, *cfg_args],
+            run / "logs" / f"cheater-{i}.log",
+            cfg.worker.threads,
+            cfg.launcher.worker_niceness,
+        )
+        for i, kind in enumerate(cheat_kinds)
+    ]
+    validators = [
+        Proc(
+            f"validator-{i}",
+            base + ["validator", "--index", str(i), *cfg_args],
+            run / "logs" / f"validator-{i}.log",
+            cfg.validator.threads,
+        )
+        for i in range(cfg.validator.count if cfg.validator.enabled else 0)
+    ]
+    helpers = [*relays, *validators, *workers, *cheater_procs]  # restarted when they die
     procs = [trainer, *helpers]
     stop_requested = {"sig": None}
 
@@ -238,10 +236,11 @@ def launch(
         stop_requested["sig"] = signum
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    progress = Progress(cfg, run / "metrics.jsonl")
+    progress = Progress(cfg, run / "metrics.jsonl", cheat_kinds)
+    cheat_s = f" + {len(cheater_procs)} cheaters ({', '.join(cheat_kinds)})" if cheat_kinds else ""
     print(
         f"swarmrl: run '{cfg.name}' in {run}: trainer + {len(relays)} relays + "
-        f"{len(workers)} workers; logs in {run / 'logs'}",
+        f"{len(validators)} validators + {len(workers)} workers{cheat_s}; logs in {run / 'logs'}",
         flush=True,
     )
     for p in procs:
@@ -297,20 +296,8 @@ def launch(
         for s, h in old.items():
             signal.signal(s, h)
     if code == 0:
-        rows = read_metrics(run / "metrics.jsonl")
-        if rows:
-            k = min(5, len(rows))
-            first = sum(r["reward"] for r in rows[:k]) / k
-            last = sum(r["reward"] for r in rows[-k:]) / k
-            print(
-                f"swarmrl: done in {rows[-1]['elapsed_s']:.0f}s: mean reward first {k} steps {first:.3f}, last {k} steps {last:.3f} ({last - first:+.3f})"
-            )
-        lag = weights_lag(run, last=1 << 30)
-        if lag is not None:
-            print(f"swarmrl: weights reached workers {lag:.2f}s after publish on average")
-        print(
-            f"swarmrl: metrics {run / 'metrics.jsonl'}, plot {run / 'report.png'}, model {run / 'final'}"
-        )
+        for line in summary_lines(cfg, run):
+            print(f"swarmrl: {line}")
     return code
 
 

@@ -3,13 +3,18 @@
 `HFBackend` runs a transformers causal LM with its own sampling loop (batched,
 left-padded, KV cache, temperature, top-p). It owns the loop instead of calling
 `model.generate` because swarmrl needs what `generate` does not give cleanly:
-the sampler's log-prob of each chosen token, exact control of the random
-stream (TOPLOC's seeded sampling check, issue 4, replaces the noise source
-here), and later a hook on the last hidden state for proofs.
+the sampler's log-prob of each chosen token, seeded Gumbel-max sampling that a
+validator can replay token by token (toploc/sampling.py), and the last hidden
+state of every generated position for the TOPLOC proofs.
 
-Randomness: one torch.Generator per call, seeded from the assignment. The
-seed is recorded per sample. Per-sample seeded Gumbel-max noise, which a
-validator can regenerate token by token, comes with the TOPLOC issue.
+Each sequence has its own seed; the noise depends only on (seed, position,
+token id), so the tokens of a sample do not depend on the batch it ran in.
+
+Hidden states: a forward hook on the final norm (the input of the LM head)
+keeps the last position of every forward pass, in bfloat16: the position
+whose state produced the next token. `prefill` is the validator's side: one
+forward over prompt + completion[:-1] that returns the same states and the
+logits of the generated positions.
 """
 
 from __future__ import annotations
@@ -18,12 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from swarmrl.toploc.proof import build_proofs_many
+from swarmrl.toploc.sampling import gumbel_sample
+
 
 @dataclass
 class Completion:
     tokens: list[int]
     logprobs: list[float]
     finished: bool  # ended on EOS (False: stopped at the length limit)
+    proofs: bytes = b""  # TOPLOC proofs of the generated positions (when asked for)
 
 
 class GenerationBackend(Protocol):
@@ -32,29 +41,39 @@ class GenerationBackend(Protocol):
     def generate(
         self,
         prompts: list[list[int]],
-        n: int,
+        seeds: list[int],
         max_new_tokens: int,
         temperature: float,
         top_p: float,
-        seed: int,
-    ) -> list[list[Completion]]: ...
+        proofs: bool = True,
+    ) -> list[Completion]: ...
 
 
-def _sample(logits, temperature: float, top_p: float, generator):
-    """Return (token, log-prob of token under the temperature-scaled distribution)."""
-    import torch
+def final_norm(model):
+    """The module whose output is the LM head's input (Llama, Qwen, Mistral... naming)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    for name in ("norm", "final_layernorm", "ln_f"):
+        if hasattr(decoder, name):
+            return getattr(decoder, name)
+    raise RuntimeError(f"{type(model).__name__}: no final norm found to hook for TOPLOC proofs")
 
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    probs = logp.exp()
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the top token
-        sorted_p = sorted_p * keep
-        choice = torch.multinomial(sorted_p, 1, generator=generator)
-        token = order.gather(-1, choice).squeeze(-1)
-    else:
-        token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+class _LastStates:
+    """Forward hook keeping the final norm's output (all positions or the last)."""
+
+    def __init__(self, model, last_only: bool):
+        self.last_only = last_only
+        self.states = []
+        self.handle = final_norm(model).register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output):
+        import torch
+
+        out = output[0] if isinstance(output, tuple) else output
+        self.states.append((out[:, -1] if self.last_only else out).to(torch.bfloat16))
+
+    def close(self) -> None:
+        self.handle.remove()
 
 
 class HFBackend:
@@ -96,21 +115,25 @@ class HFBackend:
         with torch.no_grad():
             self.model.tie_weights()
 
-    def generate(self, prompts, n, max_new_tokens, temperature, top_p, seed):
-        import torch
-
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        flat = [p for p in prompts for _ in range(n)]
+    def generate(self, prompts, seeds, max_new_tokens, temperature, top_p, proofs=True):
+        """One completion per prompt, drawn with its own seed; with TOPLOC proofs if asked."""
+        if len(prompts) != len(seeds):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         out: list[Completion] = []
-        for start in range(0, len(flat), self.max_batch):
+        for start in range(0, len(prompts), self.max_batch):
             out.extend(
                 self._generate_batch(
-                    flat[start : start + self.max_batch], max_new_tokens, temperature, top_p, gen
+                    prompts[start : start + self.max_batch],
+                    seeds[start : start + self.max_batch],
+                    max_new_tokens,
+                    temperature,
+                    top_p,
+                    proofs,
                 )
             )
-        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+        return out
 
-    def _generate_batch(self, prompts, max_new_tokens, temperature, top_p, gen):
+    def _generate_batch(self, prompts, seeds, max_new_tokens, temperature, top_p, proofs):
         import torch
         from transformers import DynamicCache
 
@@ -123,41 +146,103 @@ class HFBackend:
             ids[i, width - len(p) :] = torch.tensor(p)
             attn[i, width - len(p) :] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
+        seed_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         tokens = torch.empty((b, 0), dtype=torch.long, device=self.device)
         logps = torch.empty((b, 0), dtype=torch.float32, device=self.device)
         done = torch.zeros(b, dtype=torch.bool, device=self.device)
         lengths = torch.full((b,), max_new_tokens, dtype=torch.long, device=self.device)
         cache = DynamicCache()
-        with torch.no_grad():
-            logits = model(
-                input_ids=ids,
-                attention_mask=attn,
-                position_ids=pos,
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
-            for t in range(max_new_tokens):
-                tok, lp = _sample(logits, temperature, top_p, gen)
-                tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-                tokens = torch.cat([tokens, tok[:, None]], dim=1)
-                logps = torch.cat([logps, lp[:, None]], dim=1)
-                newly = (~done) & (tok == self.eos_id)
-                lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
-                done = done | newly
-                if bool(done.all()) or t == max_new_tokens - 1:
-                    break
-                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-                pos = pos[:, -1:] + 1
+        states = _LastStates(model, last_only=True) if proofs else None
+        try:
+            with torch.no_grad():
                 logits = model(
-                    input_ids=tok[:, None],
+                    input_ids=ids,
                     attention_mask=attn,
                     position_ids=pos,
                     past_key_values=cache,
                     use_cache=True,
+                    logits_to_keep=1,
                 ).logits[:, -1]
-        out = []
-        for i in range(b):
-            n_i = int(lengths[i])
-            out.append(Completion(tokens[i, :n_i].tolist(), logps[i, :n_i].tolist(), bool(done[i])))
+                for t in range(max_new_tokens):
+                    step = torch.full((b,), t, dtype=torch.int64, device=self.device)
+                    tok, lp = gumbel_sample(logits, seed_t, step, temperature, top_p)
+                    tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+                    tokens = torch.cat([tokens, tok[:, None]], dim=1)
+                    logps = torch.cat([logps, lp[:, None]], dim=1)
+                    newly = (~done) & (tok == self.eos_id)
+                    lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
+                    done = done | newly
+                    if bool(done.all()) or t == max_new_tokens - 1:
+                        break
+                    attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+                    pos = pos[:, -1:] + 1
+                    logits = model(
+                        input_ids=tok[:, None],
+                        attention_mask=attn,
+                        position_ids=pos,
+                        past_key_values=cache,
+                        use_cache=True,
+                    ).logits[:, -1]
+        finally:
+            if states is not None:
+                states.close()
+        n = [int(x) for x in lengths]
+        proof_bytes = [b""] * b
+        if proofs:
+            hidden = torch.stack(states.states, dim=1).cpu()  # (b, steps, H)
+            proof_bytes = build_proofs_many([hidden[i, : n[i]] for i in range(b)])
+        return [
+            Completion(tokens[i, : n[i]].tolist(), logps[i, : n[i]].tolist(), bool(done[i]), pb)
+            for i, pb in enumerate(proof_bytes)
+        ]
+
+    def prefill(self, prompts, completions, max_tokens: int = 16384, max_logits: int = 1 << 26):
+        """The validator's pass: for each (prompt, completion) the bf16 final-norm
+        states (n, H) and the float32 logits (n, V) of the n generated positions,
+        from one forward over prompt + completion[:-1], left-padded like the
+        sampling loop. Batches hold at most `max_tokens` padded tokens and
+        `max_logits` logits."""
+        import torch
+
+        vocab = self.model.config.vocab_size
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
+        batches: list[list[int]] = [[]]
+        for i in order:
+            trial = batches[-1] + [i]
+            width = max(len(prompts[j]) + len(completions[j]) - 1 for j in trial)
+            keep = max(len(completions[j]) for j in trial)
+            if batches[-1] and (
+                width * len(trial) > max_tokens or keep * vocab * len(trial) > max_logits
+            ):
+                batches.append([i])
+            else:
+                batches[-1] = trial
+        out = [None] * len(prompts)
+        for batch in batches:
+            if not batch:
+                continue
+            seqs = [(prompts[j] + completions[j])[:-1] for j in batch]
+            width = max(len(x) for x in seqs)
+            keep = max(len(completions[j]) for j in batch)
+            ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+            attn = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, seq in enumerate(seqs):
+                ids[row, width - len(seq) :] = torch.tensor(seq)
+                attn[row, width - len(seq) :] = 1
+            states = _LastStates(self.model, last_only=False)
+            try:
+                with torch.no_grad():
+                    logits = self.model(
+                        input_ids=ids.to(self.device),
+                        attention_mask=attn.to(self.device),
+                        position_ids=(attn.cumsum(-1) - 1).clamp(min=0).to(self.device),
+                        logits_to_keep=keep,
+                    ).logits
+            finally:
+                states.close()
+            hidden = states.states[0][:, width - keep :]
+            for row, j in enumerate(batch):
+                n = len(completions[j])
+                out[j] = (hidden[row, keep - n :].cpu(), logits[row, keep - n :].float().cpu())
         return out

@@ -1,6 +1,6 @@
 """Rollout store: object-store semantics (put, get, list, delete) over a directory.
 
-Keys are slash-separated names; `put` writes a temp file and renames it, so
+Keys are slash-separated names (`exists` is a cheap stat); `put` writes a temp file and renames it, so
 a reader never sees a partial object. Key names are validated (no absolute
 paths, no '..'), because later they come from the network. An S3-compatible
 implementation of the same four methods arrives with the orchestrator issue.
@@ -22,6 +22,7 @@ class RolloutStore(Protocol):
     def get(self, key: str) -> bytes: ...
     def list(self, prefix: str) -> list[str]: ...
     def delete(self, key: str) -> None: ...
+    def exists(self, key: str) -> bool: ...
 
 
 def check_key(key: str) -> str:
@@ -64,3 +65,6 @@ class LocalDirStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()

@@ -121,6 +121,8 @@ class Follower:
     `on_complete(version)` once the manifest is written, `on_drop(version)`
     when a version is deleted; `on_bad_data(url, what)` reports a server that
     sent a bad shard or manifest (to the orchestrator, once it exists).
+    With `every`, versions are fetched oldest first instead of skipping to
+    the newest (a validator needs each version that rollouts may claim).
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class Follower:
         keep: int = 2,
         parallel: int = 4,
         follow_drops: bool = False,
+        every: bool = False,
         direct_io: bool = False,
         poll_wait_s: float = POLL_WAIT_S,
         on_manifest: Callable[[Manifest, bytes, Path], None] | None = None,
@@ -145,6 +148,7 @@ class Follower:
         self.local = LocalWeights(root, keep=keep, trusted_key=trusted_key)
         self.parallel = parallel
         self.follow_drops = follow_drops
+        self.every = every  # fetch every announced version in order, not only the newest
         self.direct_io = direct_io
         self.poll_wait_s = poll_wait_s
         self.on_manifest = on_manifest
@@ -225,7 +229,8 @@ class Follower:
                     ]
                     if todo:
                         # 3: a stop interrupts a download in progress
-                        fetch = asyncio.create_task(self._fetch(session, max(todo)))
+                        nxt = min(todo) if self.every else max(todo)
+                        fetch = asyncio.create_task(self._fetch(session, nxt))
                         stopper = asyncio.create_task(stop.wait())
                         await asyncio.wait([fetch, stopper], return_when=asyncio.FIRST_COMPLETED)
                         stopper.cancel()

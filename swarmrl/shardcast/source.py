@@ -92,8 +92,9 @@ def trainer_public_key(cfg: RunConfig) -> str:
         ) from None
 
 
-def open_weights_source(cfg: RunConfig, node_name: str):
-    """The weights source of one node (worker or validator) of this run."""
+def open_weights_source(cfg: RunConfig, node_name: str, keep: int | None = None):
+    """The weights source of one node (worker or validator) of this run. A
+    validator passes `keep`: it mirrors every version and keeps that many."""
     paths = cfg.run_paths()
     if not cfg.shardcast.enabled:
         return LocalWeights(paths["weights"])
@@ -123,7 +124,8 @@ def open_weights_source(cfg: RunConfig, node_name: str):
         cfg.shardcast.servers,
         trainer_public_key(cfg),
         paths["nodes"] / node_name / "weights",
-        keep=cfg.shardcast.keep_local,
+        keep=keep or cfg.shardcast.keep_local,
+        every=keep is not None,
         parallel=cfg.shardcast.parallel,
         direct_io=cfg.shardcast.direct_io,
         poll_wait_s=cfg.shardcast.poll_wait_s,

@@ -2,6 +2,8 @@
 
 For step n the collector takes rollout files in arrival order and
 - discards files whose policy version is older than n − async_level (stale),
+- with validators, waits for each file's verdict and takes it only if a
+  trusted validator signed an acceptance of exactly its bytes,
 - rejects files that fail validation (moved under `rejected/` with a
   `.reason.txt` beside them, logged, counted; the run goes on),
 - drops groups whose rewards are all equal (zero advantage: online filtering),
@@ -30,6 +32,8 @@ from dataclasses import dataclass, field
 from swarmrl.inference.rollouts import Limits, RolloutFileError, read_rollouts
 from swarmrl.protocol.assign import parse_rollout_key
 from swarmrl.trainer.advantages import group_advantages, has_signal
+from swarmrl.validator.checks import sha256
+from swarmrl.validator.record import read_verdict, verdict_key
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -78,8 +82,21 @@ def restore_unpublished(store) -> int:
 
 
 class BatchCollector:
-    def __init__(self, store, limits: Limits, async_level: int, poll_s: float):
+    """`validators`: the keys whose signed verdicts are trusted; when given, a file
+    is taken only once one of them accepted exactly these bytes (None: files
+    are taken as they come, with the schema checks only)."""
+
+    def __init__(
+        self,
+        store,
+        limits: Limits,
+        async_level: int,
+        poll_s: float,
+        validators: list[str] | None = None,
+    ):
         self.store = store
+        self.validators = validators
+        self.rejected_seen = self.rejected_count()
         self.limits = limits
         self.async_level = async_level
         self.poll_s = poll_s
@@ -106,7 +123,12 @@ class BatchCollector:
                 self._add(batch, group, need_groups)
         while batch.groups < need_groups:
             keys = [k for k in self.store.list("rollouts") if k not in batch.consumed]
-            if not keys:
+            taken = 0
+            for key in keys:
+                if batch.groups >= need_groups:
+                    break
+                taken += self._take(key, step, batch, need_groups)
+            if not taken:
                 if should_stop():
                     raise InterruptedError("stopped while waiting for rollouts")
                 if time.time() - last_note > 30:
@@ -119,13 +141,14 @@ class BatchCollector:
                         need_groups,
                     )
                 time.sleep(self.poll_s)
-                continue
-            for key in keys:
-                if batch.groups >= need_groups:
-                    break
-                self._take(key, step, batch, need_groups)
         batch.wait_s = time.time() - t0
+        rejected = self.rejected_count()
+        batch.rejected_files, self.rejected_seen = rejected - self.rejected_seen, rejected
         return batch
+
+    def rejected_count(self) -> int:
+        """Files rejected so far in this run, by the validators or by the trainer."""
+        return sum(k.endswith(".reason.txt") for k in self.store.list("rejected"))
 
     def _add(self, batch: Batch, group: list[Sample], need_groups: int) -> None:
         if batch.groups < need_groups:
@@ -134,28 +157,35 @@ class BatchCollector:
         else:
             self.carry.append(group)
 
-    def _take(self, key: str, step: int, batch: Batch, need_groups: int) -> None:
+    def _take(self, key: str, step: int, batch: Batch, need_groups: int) -> bool:
+        """Take one file if it is ready; False when it must wait for its verdict."""
         info = parse_rollout_key(key)
         if info is None:
-            self.reject(key, self.store.get(key), "unrecognised rollout key")
+            self.reject(key, self._get(key), "unrecognised rollout key")
             batch.rejected_files += 1
-            return
+            return True
         if info["policy"] < step - self.async_level:
             self.store.delete(key)
             batch.stale_files += 1
             log.info(
                 "discarded stale %s (policy %d < %d)", key, info["policy"], step - self.async_level
             )
-            return
-        data = self.store.get(key)
+            return True
+        if self.validators is not None and not self.store.exists(verdict_key(key)):
+            return False
+        data = self._get(key)
+        if data is None:  # rejected and moved by the validator meanwhile
+            return True
         try:
+            if self.validators is not None:
+                self._check_verdict(key, data)
             rows = read_rollouts(data, self.limits)
             if any(r["policy_step"] != info["policy"] for r in rows):
                 raise RolloutFileError("policy_step column disagrees with the file's key")
         except RolloutFileError as e:
             self.reject(key, data, str(e))
             batch.rejected_files += 1
-            return
+            return True
         batch.accepted_files += 1
         consumed = consumed_key(key)
         self.store.put(consumed, data)
@@ -185,3 +215,20 @@ class BatchCollector:
                 for r, adv in zip(group_rows, group_advantages(rewards), strict=True)
             ]
             self._add(batch, group, need_groups)
+        return True
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.store.get(key)
+        except FileNotFoundError:
+            return None
+
+    def _check_verdict(self, key: str, data: bytes) -> None:
+        raw = self._get(verdict_key(key))
+        v = read_verdict(raw, self.validators) if raw is not None else None
+        if v is None:
+            raise RolloutFileError("its verdict is not signed by a trusted validator")
+        if v.key != key or v.sha256 != sha256(data):
+            raise RolloutFileError("the file is not the one its verdict judged")
+        if not v.accepted:
+            raise RolloutFileError(f"rejected by the validator: {v.check}: {v.reason}")

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.config import RunConfig
+from swarmrl.config import ConfigError, RunConfig
 from swarmrl.inference.rollouts import Limits
 from swarmrl.models.loading import load_model, load_tokenizer
-from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+from swarmrl.protocol.identity import load_or_create_key, parse_public_key, public_key_hex
 from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import ManifestError, write_json_atomic
@@ -90,6 +90,24 @@ def _open_weights(cfg: RunConfig, paths: dict) -> tuple[LocalWeights, Origin | N
     origin = Origin(weights, sc.host, sc.origin_port, sc.max_upload_mbps * 1e6)
     origin.start()
     return weights, origin
+
+
+def trusted_validators(cfg: RunConfig) -> list[str] | None:
+    """The validator keys whose verdicts count (None: validation is off)."""
+    if not cfg.validator.enabled:
+        return None
+    keys = list(cfg.validator.public_keys)
+    if not keys:
+        found = sorted(cfg.run_paths()["keys"].glob("validator-*.pub"))
+        keys = [p.read_text().strip() for p in found]
+    if not keys:
+        raise ConfigError(
+            "validator.enabled but no validator keys: set validator.public_keys or "
+            f"create {cfg.run_paths()['keys']}/validator-0.key (validators make their own)"
+        )
+    for k in keys:
+        parse_public_key(k)  # a malformed key is a config error, not a silent mistrust
+    return keys
 
 
 def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
@@ -162,7 +180,9 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         max_completion_tokens=cfg.sampling.max_new_tokens,
         group_size=cfg.worker.group_size,
     )
-    collector = BatchCollector(store, limits, cfg.async_level, cfg.trainer.poll_s)
+    collector = BatchCollector(
+        store, limits, cfg.async_level, cfg.trainer.poll_s, trusted_validators(cfg)
+    )
     collector.carry = carry
     t_start = time.time() - elapsed0
 

@@ -13,7 +13,9 @@ def test_generation_shapes_eos_and_determinism(random_model_dir):
         encode_prompt(tok, "Reverse the text: abc"),
         encode_prompt(tok, "Reverse the text: hello world"),
     ]
-    out = be.generate(prompts, n=4, max_new_tokens=12, temperature=1.0, top_p=1.0, seed=7)
+    seeds = list(range(7, 15))
+    flat = be.generate([p for p in prompts for _ in range(4)], seeds, 12, 1.0, 1.0)
+    out = [flat[:4], flat[4:]]
     assert len(out) == 2 and all(len(g) == 4 for g in out)
     for group in out:
         for c in group:
@@ -23,8 +25,9 @@ def test_generation_shapes_eos_and_determinism(random_model_dir):
                 assert c.tokens[-1] == tok.eos_token_id and tok.eos_token_id not in c.tokens[:-1]
             else:
                 assert len(c.tokens) == 12
-    again = be.generate(prompts, n=4, max_new_tokens=12, temperature=1.0, top_p=1.0, seed=7)
-    assert [[c.tokens for c in g] for g in out] == [[c.tokens for c in g] for g in again]
+    again = be.generate([p for p in prompts for _ in range(4)], seeds, 12, 1.0, 1.0)
+    assert [c.tokens for c in flat] == [c.tokens for c in again]
+    assert len({tuple(c.tokens) for c in flat}) > 2  # different seeds, different samples
 
 
 def test_sampler_logprobs_match_a_full_forward(random_model_dir):
@@ -33,9 +36,9 @@ def test_sampler_logprobs_match_a_full_forward(random_model_dir):
     be = HFBackend()
     be.load(random_model_dir)
     prompts = [encode_prompt(tok, "ab"), encode_prompt(tok, "a much longer prompt here")]
-    out = be.generate(prompts, n=2, max_new_tokens=8, temperature=0.7, top_p=1.0, seed=3)
+    flat = be.generate([p for p in prompts for _ in range(2)], [3, 4, 5, 6], 8, 0.7, 1.0)
     model = load_model(str(random_model_dir))
-    for p, group in zip(prompts, out, strict=True):
+    for p, group in zip(prompts, [flat[:2], flat[2:]], strict=True):
         for c in group:
             ids = torch.tensor([p + c.tokens])
             with torch.no_grad():
@@ -53,9 +56,8 @@ def test_top_p_tiny_keeps_only_the_argmax(random_model_dir):
     be = HFBackend()
     be.load(random_model_dir)
     p = [encode_prompt(tok, "xyz")]
-    a = be.generate(p, n=3, max_new_tokens=6, temperature=1.0, top_p=1e-6, seed=1)
-    b = be.generate(p, n=3, max_new_tokens=6, temperature=1.0, top_p=1e-6, seed=2)
-    assert a[0][0].tokens == a[0][1].tokens == b[0][2].tokens  # greedy regardless of seed
+    a = be.generate(p * 3, [1, 2, 3], 6, 1.0, 1e-6)
+    assert a[0].tokens == a[1].tokens == a[2].tokens  # greedy regardless of seed
 
 
 def test_hot_swap_changes_weights(random_model_dir, tmp_path):

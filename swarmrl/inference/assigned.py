@@ -1,0 +1,45 @@
+"""What an assignment fixes, derived the same way by the worker and the validator.
+
+From the assignment seed (itself derived from run seed, node key, step and
+counter, protocol/assign.py): which problems the file holds, the thinking
+budget of each, the exact prompt tokens, and the sampling seed of every
+sample. A worker cannot choose any of these; a validator recomputes them and
+compares.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from swarmrl.config import RunConfig
+from swarmrl.models.prompting import encode_prompt, prompt_text
+from swarmrl.protocol.assign import prompt_indices
+from swarmrl.tasks.dataset import TaskSource
+from swarmrl.tasks.schema import Task
+from swarmrl.toploc.sampling import sample_seed
+
+
+@dataclass(frozen=True)
+class AssignedPrompt:
+    task: Task
+    target_length: int
+    text: str
+    tokens: list[int]
+    seeds: list[int]  # one per sample of the group
+
+
+def assigned_prompts(
+    cfg: RunConfig, source: TaskSource, tokenizer, assignment_seed: int
+) -> list[AssignedPrompt]:
+    """The prompt groups of one file, in file order."""
+    lr = cfg.length_reward
+    rng = random.Random(assignment_seed)
+    out = []
+    for g, index in enumerate(prompt_indices(assignment_seed, cfg.worker.groups_per_file)):
+        task = source.get("train", index)
+        target = rng.choice(lr.targets) if lr.mode != "none" else 0
+        text = prompt_text(task.prompt, target)
+        seeds = [sample_seed(assignment_seed, g, j) for j in range(cfg.worker.group_size)]
+        out.append(AssignedPrompt(task, target, text, encode_prompt(tokenizer, text), seeds))
+    return out

@@ -1,0 +1,138 @@
+"""Seeded Gumbel-max sampling, and the validator's check of it.
+
+A worker draws token t of a sample as
+
+    token_t = argmax_v ( logits_t[v] / T + g(seed, t, v) )
+
+over the tokens of the nucleus (all of them when top_p = 1), where g is
+Gumbel noise that depends only on the sample's seed, the position t in the
+completion and the token id v. The seed derives from the assignment (run
+seed, node key, step, counter) and the sample's place in the file
+(`sample_seed`), so a worker cannot choose it, and a validator that
+regenerates g can check every token against its own logits.
+
+The noise is counter-based: a splitmix64 hash of (seed, t, v) in int64
+tensor arithmetic (wrapping multiplication), turned into a uniform u in
+(0, 1) from the top 53 bits, then g = -log(-log u). It is the same on every
+device, for every batch size and batch order, which a stateful generator is
+not (torch's CPU and CUDA streams differ).
+
+Near-tie tolerance. The validator's logits come from a prefill, the worker's
+from a decode with a KV cache, maybe another batch size, kernel or device:
+they differ by a small error e per logit. For an honest token the worker's
+score was the maximum, so under the validator's logits it can fall short of
+the maximum by at most 2·max|e|/T. The check therefore accepts a token whose
+score is within `tolerance` of the best score. An honest worker is never
+rejected while the tolerance exceeds twice the logit error (measured: below
+1e-4 for float32 on CPU across batch sizes, thread counts and padding,
+bench/toploc.py and tests/unit/test_toploc_sampling.py); a token drawn any
+other way passes only when its score happens to lie within the tolerance of
+the best one, which for a continuous noise has probability about
+tolerance × density of the gap, small per token and vanishing over a file.
+The default, 0.01 in units of logits/T, is 100x the measured float32 error;
+bfloat16 inference on GPUs needs a larger value (its logit errors reach a few
+hundredths), which the config exposes.
+
+With top_p < 1 the nucleus itself can differ at its boundary. The check uses
+the tokens that are in the nucleus for certain (the mass before them is below
+top_p - `mass_tolerance`) as competitors, and requires the chosen token to be
+in the nucleus up to that tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from swarmrl.protocol.assign import derive_seed
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # as signed int64: the products wrap mod 2^64
+_M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_M2 = 0x94D049BB133111EB - (1 << 64)
+_ROWS_PER_BLOCK = 1 << 22  # noise elements per block in the check (keeps memory bounded)
+
+
+def sample_seed(assignment_seed: int, group: int, index: int) -> int:
+    """Seed of sample `index` of prompt group `group` of a file."""
+    return derive_seed(assignment_seed, "sample", group, index)
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's >> is arithmetic)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shr(z, 30)) * _M1
+    z = (z ^ _shr(z, 27)) * _M2
+    return z ^ _shr(z, 31)
+
+
+def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Noise g of shape (n, vocab) for n (seed, position) pairs, float32."""
+    device = seeds.device
+    base = _mix(seeds.to(torch.int64) + positions.to(device=device, dtype=torch.int64) * _GOLDEN)
+    v = torch.arange(1, vocab + 1, dtype=torch.int64, device=device) * _GOLDEN
+    z = _mix(base[:, None] ^ v[None, :])
+    u = (_shr(z, 11).to(torch.float64) + 0.5) * (2.0**-53)
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+def nucleus_mask(scaled: torch.Tensor, top_p: float, slack: float = 0.0) -> torch.Tensor:
+    """True for tokens whose preceding probability mass is below top_p + slack."""
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    keep_sorted = sorted_p.cumsum(-1) - sorted_p < top_p + slack
+    keep_sorted[..., 0] = True  # the most probable token is always in
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def gumbel_sample(
+    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temperature: float, top_p
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and their log-probs under softmax(logits / T) for a batch of rows."""
+    scaled = logits.float() / temperature
+    scores = scaled + gumbel_noise(seeds, positions, scaled.shape[-1])
+    if top_p < 1.0:
+        scores = scores.masked_fill(~nucleus_mask(scaled, top_p), float("-inf"))
+    token = scores.argmax(dim=-1)
+    logp = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+    return token, logp
+
+
+@dataclass(frozen=True)
+class SamplingCheck:
+    failures: int  # tokens that were not the seeded choice (beyond the tolerance)
+    worst_margin: float  # largest shortfall of a chosen token's score below the best score
+
+
+def check_sampling(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    temperature: float,
+    top_p: float,
+    tolerance: float = 0.01,
+    mass_tolerance: float = 1e-3,
+) -> SamplingCheck:
+    """Check one completion: `logits` (n, V) are the validator's at the n generated positions."""
+    n, vocab = logits.shape
+    failures, worst = 0, 0.0
+    block = max(1, _ROWS_PER_BLOCK // vocab)
+    for s in range(0, n, block):
+        rows = logits[s : s + block].float() / temperature
+        tok = tokens[s : s + block].to(torch.long)
+        seeds = torch.full((len(rows),), seed, dtype=torch.int64)
+        scores = rows + gumbel_noise(seeds, torch.arange(s, s + len(rows)), vocab)
+        chosen = scores.gather(-1, tok[:, None]).squeeze(-1)
+        competitors = scores
+        if top_p < 1.0:
+            maybe_in = nucleus_mask(rows, top_p, mass_tolerance).gather(-1, tok[:, None])
+            chosen = chosen.masked_fill(~maybe_in.squeeze(-1), float("-inf"))
+            competitors = scores.masked_fill(~nucleus_mask(rows, top_p, -mass_tolerance), -1e30)
+        best = torch.maximum(competitors.max(dim=-1).values, chosen)
+        margin = best - chosen
+        failures += int((margin > tolerance).sum())
+        worst = max(worst, float(margin.max()))
+    return SamplingCheck(failures, worst)
