@@ -225,8 +225,8 @@ class ValidatorConfig(_Section):
         None,
         ge=0.0,
         le=10.0,
-        description="Largest difference allowed between a worker's log-probs and the "
-        "validator's (default by model.dtype: float32 2e-4, bfloat16 5e-2).",
+        description="Largest mean difference over a file between a worker's log-probs and "
+        "the validator's (default by model.dtype: float32 2e-5, bfloat16 1e-2).",
     )
     max_batch_tokens: int = Field(
         16384, ge=256, le=1 << 24, description="Padded tokens per validation prefill."

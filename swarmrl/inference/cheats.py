@@ -18,7 +18,7 @@ by that one thing:
 - truncate: cuts completions short (the end-of-sequence token included) and
   proves and scores the shortened ones honestly;
 - wrong-prompts: answers problems other than the assigned ones;
-- replay: uploads the bytes of its first file again under each new name.
+- replay: uploads another node's newest file under its own names.
 
 These are test fixtures of the validator, not part of an honest run.
 """
@@ -162,13 +162,20 @@ class WrongPrompts(Honest):
 class Replay(Honest):
     name = "replay"
 
-    def __init__(self):
-        self.first: bytes | None = None
-
     def upload(self, store, key, data):
-        if self.first is None:
-            self.first = data
-        store.put(key, self.first)
+        """Uploads the newest file of another node instead of its own (nothing, if none)."""
+        node = key.rsplit("/", 1)[1].split("-", 1)[0]
+        theirs = [
+            k
+            for k in store.list("rollouts") + store.list("consumed")
+            if f"/{node}-" not in k and k.endswith(".parquet")
+        ]
+        for k in reversed(theirs):
+            try:
+                store.put(key, store.get(k))
+                return
+            except FileNotFoundError:  # consumed or deleted meanwhile
+                continue
 
 
 CHEATS = {

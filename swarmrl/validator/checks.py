@@ -17,11 +17,15 @@
    TOPLOC chunk checks (toploc/proof.py) on the final-norm states;
 8. sampling: every token must be the seeded Gumbel-max choice under the
    validator's own logits, up to the near-tie tolerance (toploc/sampling.py),
-   and the log-probs the worker reports must be the validator's, up to a
-   tolerance set by the policy's precision. Measured on CPU with float32:
-   honest differences below 1.2e-5 across batch sizes, threads and padding;
-   a worker running the weights rounded to bfloat16: 1.7e-3 to 1.3e-2. The
-   float32 default, 2e-4, sits between; bfloat16 policies get 5e-2.
+   and the log-probs the worker reports must be the validator's: their mean
+   absolute difference over the file must stay under a tolerance set by the
+   policy's precision. Measured on CPU with float32 (tiny models: random,
+   warm-started, after 250 RL steps): honest files at most 5e-7 (single
+   tokens reach 2e-4, which is why the file mean is compared, not the
+   largest error); weights rounded to bfloat16: 1.1e-4 to 2.4e-3. The
+   float32 default, 2e-5, sits between. The bfloat16 default, 1e-2, is a
+   guess not measured here (no bfloat16 inference on this machine); set it
+   from the honest spread of your hardware.
 
 Steps 1 to 6 need no model; 7 and 8 share one prefill.
 """
@@ -219,14 +223,11 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
     }
     _failing("proof", "fail their TOPLOC proofs", bad_proof, len(rows))
     s = ctx.cfg.sampling
-    bad_sampling, bad_logprobs, worst, worst_lp = [], [], 0.0, 0.0
+    bad_sampling, lp_errors, worst = [], [], 0.0
     for i, (r, (_, logits)) in enumerate(zip(rows, states, strict=True)):
         tokens = torch.tensor(r["completion_tokens"])
         own = torch.log_softmax(logits / s.temperature, -1).gather(-1, tokens[:, None]).squeeze(-1)
-        lp_err = float((own - torch.tensor(r["completion_logprobs"])).abs().max())
-        worst_lp = max(worst_lp, lp_err)
-        if lp_err > ctx.logprob_tolerance:
-            bad_logprobs.append(i)
+        lp_errors.append((own - torch.tensor(r["completion_logprobs"])).abs())
         res = check_sampling(
             logits,
             tokens,
@@ -239,12 +240,23 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
         if res.failures:
             bad_sampling.append(i)
     stats["worst_sampling_margin"] = worst
-    stats["worst_logprob_error"] = worst_lp
+    # the file's mean log-prob error: rounding outliers of single tokens average out,
+    # a systematic difference (another precision, other weights) does not
+    per_sample = [float(e.mean()) for e in lp_errors]
+    mean_lp = float(torch.cat(lp_errors).mean())
+    stats["mean_logprob_error"] = mean_lp
     _failing(
         "sampling",
         "hold tokens that are not their seeded Gumbel-max choice",
         bad_sampling,
         len(rows),
     )
-    _failing("sampling", "report log-probs the policy does not give", bad_logprobs, len(rows))
+    if mean_lp > ctx.logprob_tolerance:
+        worst_samples = sorted(range(len(rows)), key=lambda i: -per_sample[i])[:10]
+        raise Reject(
+            "sampling",
+            f"reported log-probs differ from the policy's by {mean_lp:.2e} on average "
+            f"(tolerance {ctx.logprob_tolerance:.0e})",
+            worst_samples,
+        )
     return stats

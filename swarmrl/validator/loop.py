@@ -33,7 +33,7 @@ from swarmrl.validator.checks import Context, Reject, check_with_model, check_wi
 from swarmrl.validator.record import Ledger, Verdict, verdict_key
 
 log = logging.getLogger("swarmrl.validator")
-LOGPROB_TOLERANCE = {"float32": 2e-4, "bfloat16": 5e-2}  # see validator/checks.py, check 8
+LOGPROB_TOLERANCE = {"float32": 2e-5, "bfloat16": 1e-2}  # see validator/checks.py, check 8
 
 
 def make_context(cfg: RunConfig, tokenizer, backend) -> Context:

@@ -156,3 +156,34 @@ def test_ctrl_c_stops_every_process(tiny_model, tmp_path):
     assert proc.returncode == 130
     assert "interrupted; stopping all processes" in out
     assert pid_of(run, "trainer") is None and pid_of(run, "worker") is None
+
+
+def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
+    """Every kind of cheater beside two honest workers: all their files rejected, all
+    honest files accepted, and the trainer finishes on accepted files only."""
+    import json
+
+    from swarmrl.inference.cheats import CHEATS
+
+    steps = 6
+    cmd = swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}")
+    cmd[4:4] = ["--cheaters", str(len(CHEATS)), "--cheats", ",".join(CHEATS)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = tmp_path / "runs" / "tiny"
+    assert _steps(read_metrics(run)) == list(range(1, steps + 1))
+    names = {}
+    for pub in (run / "nodes").glob("*/node.pub"):
+        names[pub.read_text().strip()] = pub.parent.name
+    verdicts = [json.loads(x) for x in (run / "verdicts.jsonl").read_text().splitlines()]
+    by_node: dict[str, list[dict]] = {}
+    for v in verdicts:
+        by_node.setdefault(names[v["node"]], []).append(v)
+    honest = [v for n, vs in by_node.items() if n.startswith("worker-") for v in vs]
+    assert honest and all(v["accepted"] for v in honest)
+    cheaters = {n: vs for n, vs in by_node.items() if n.startswith("cheater-")}
+    judged = {n for n, vs in cheaters.items() if vs}
+    assert len(judged) >= len(CHEATS) - 1, f"cheaters with verdicts: {sorted(judged)}"
+    assert all(not v["accepted"] for vs in cheaters.values() for v in vs)
+    assert sum(r["rejected_files"] for r in read_metrics(run)) >= len(judged)
+    assert "cheater files rejected" in res.stdout

@@ -10,9 +10,12 @@ import torch
 
 from swarmrl.toploc.poly import P, evaluate, interpolate, inverse
 from swarmrl.toploc.proof import (
+    build_chunk_proof,
     build_proofs,
+    build_proofs_many,
     check_chunk_proof,
     check_proofs,
+    check_proofs_many,
     chunk_sizes,
     decode,
     encode,
@@ -108,3 +111,39 @@ def test_batched_building_equals_one_by_one():
         one = b"".join(build_chunk_proof(h[s : s + 32]) for s in range(0, len(h), 32))
         assert proofs == one
         assert all(c.accepted for c in check_proofs(proofs, h))
+
+
+def test_batched_building_and_checking_equal_chunk_by_chunk():
+    gen = torch.Generator().manual_seed(3)
+    samples = [torch.randn(n, 96, generator=gen) for n in (1, 31, 32, 33, 64, 70)]
+    many = build_proofs_many(samples)
+    for h, proofs in zip(samples, many, strict=True):
+        one_by_one = b"".join(build_chunk_proof(h[s : s + 32]) for s in range(0, len(h), 32))
+        assert proofs == one_by_one
+    checks = check_proofs_many(many, samples)
+    assert [len(c) for c in checks] == [1, 1, 1, 2, 2, 3]
+    assert all(c.accepted for cs in checks for c in cs)
+    swapped = check_proofs_many(many[::-1], samples[::-1])
+    assert all(c.accepted for cs in swapped for c in cs)
+
+
+def test_wide_chunks_search_the_modulus_down():
+    """32 x 5120 entries: indices above 65497 can collide mod 65497; the modulus found
+    is the largest that keeps them apart, and the proof still checks."""
+    chunk = torch.zeros(32, 5120)
+    chunk.view(-1)[torch.tensor([5, 5 + 65497, 5 + 2 * 65497])] = torch.tensor([9.0, -8.0, 7.0])
+    chunk.view(-1)[1000:1125] = torch.linspace(1.0, 2.0, 125)
+    proof = build_chunk_proof(chunk)
+    m, _ = decode(proof)
+    idx = torch.topk(chunk.reshape(-1).abs(), 128).indices.numpy()
+    assert m < 65497 and m == injective_modulus(idx)
+    assert len(set((idx % m).tolist())) == 128
+    assert all(len(set((idx % bigger).tolist())) < 128 for bigger in range(m + 1, 65498))
+    assert check_chunk_proof(proof, chunk).accepted
+
+
+def test_a_forged_modulus_is_refused():
+    with pytest.raises(ValueError):
+        decode(b"\x00\x00" + b"\x00\x01" * 4)
+    with pytest.raises(ValueError):
+        decode(b"\xff\xff" + b"\x00\x01" * 4)

@@ -1,0 +1,91 @@
+"""Seeded Gumbel-max sampling: the noise, the distribution it samples, and the validator's check."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from swarmrl.toploc.sampling import check_sampling, gumbel_noise, gumbel_sample, sample_seed
+
+
+def test_noise_depends_only_on_seed_position_and_token():
+    seeds = torch.tensor([5, 5, 6, 5])
+    pos = torch.tensor([0, 1, 0, 0])
+    g = gumbel_noise(seeds, pos, 50)
+    assert torch.equal(g[0], g[3])  # same (seed, position): same noise, wherever it sits
+    assert not torch.equal(g[0], g[1]) and not torch.equal(g[0], g[2])
+    alone = gumbel_noise(torch.tensor([6]), torch.tensor([0]), 50)
+    assert torch.equal(alone[0], g[2])  # batch-independent
+    wider = gumbel_noise(torch.tensor([5]), torch.tensor([0]), 80)
+    assert torch.equal(wider[0, :50], g[0])  # token v's noise does not depend on the vocab size
+
+
+def test_noise_is_standard_gumbel():
+    g = gumbel_noise(torch.arange(200), torch.zeros(200, dtype=torch.long), 1000).double()
+    assert abs(float(g.mean()) - 0.5772) < 0.01  # Euler-Mascheroni constant
+    assert abs(float(g.var()) - math.pi**2 / 6) < 0.03
+
+
+def test_gumbel_max_draws_from_the_softmax():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    n = 40_000
+    logits = probs.log().expand(n, 4)
+    tok, logp = gumbel_sample(logits, torch.arange(n), torch.zeros(n, dtype=torch.long), 1.0, 1.0)
+    freq = torch.bincount(tok, minlength=4).double() / n
+    assert torch.allclose(freq, probs.double(), atol=0.01), freq
+    assert torch.allclose(logp, probs.log()[tok], atol=1e-6)
+
+
+def test_temperature_and_top_p():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(4000, 4)
+    seeds, pos = torch.arange(4000), torch.zeros(4000, dtype=torch.long)
+    cold, _ = gumbel_sample(logits, seeds, pos, 0.05, 1.0)
+    assert (cold == 0).float().mean() > 0.99
+    nucleus, _ = gumbel_sample(logits, seeds, pos, 1.0, 0.7)  # p = .64, .24, ...: keeps 2
+    assert set(nucleus.tolist()) == {0, 1}
+
+
+def _seeded_completion(logits: torch.Tensor, seed: int, temperature=1.0, top_p=1.0):
+    n = len(logits)
+    tok, _ = gumbel_sample(logits, torch.full((n,), seed), torch.arange(n), temperature, top_p)
+    return tok
+
+
+def test_check_accepts_the_seeded_tokens_and_rejects_others():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(30, 64, generator=gen) * 2
+    seed = sample_seed(123, 0, 1)
+    tok = _seeded_completion(logits, seed)
+    ok = check_sampling(logits, tok, seed, 1.0, 1.0)
+    assert ok.failures == 0 and ok.worst_margin == 0.0
+    # small errors in the validator's logits are within the tolerance
+    noisy = logits + torch.randn(30, 64, generator=gen) * 1e-4
+    assert check_sampling(noisy, tok, seed, 1.0, 1.0).failures == 0
+    # another seed, or one token swapped for the second-best choice, is caught
+    assert check_sampling(logits, tok, seed + 1, 1.0, 1.0).failures > 5
+    scores = logits + gumbel_noise(torch.full((30,), seed), torch.arange(30), 64)
+    second = scores.topk(2, dim=-1).indices[:, 1]
+    swapped = tok.clone()
+    swapped[7] = second[7]
+    bad = check_sampling(logits, swapped, seed, 1.0, 1.0)
+    assert bad.failures == 1 and bad.worst_margin > 0.0
+
+
+def test_near_ties_within_the_tolerance_pass():
+    seed = 9
+    noise = gumbel_noise(torch.tensor([seed]), torch.tensor([0]), 8)[0]
+    logits = -noise.clone()  # every score exactly 0: a perfect tie
+    logits[3] += 0.004  # token 3 wins by 0.004
+    tok = torch.tensor([5])  # a worker whose logits put token 5 ahead by a hair
+    assert check_sampling(logits[None], tok, seed, 1.0, 1.0, tolerance=0.01).failures == 0
+    assert check_sampling(logits[None], tok, seed, 1.0, 1.0, tolerance=0.001).failures == 1
+
+
+def test_top_p_check_rejects_tokens_outside_the_nucleus():
+    logits = torch.tensor([[3.0, 2.9, -2.0, -3.0]]).repeat(20, 1)
+    seed = 4
+    tok = _seeded_completion(logits, seed, top_p=0.5)
+    assert check_sampling(logits, tok, seed, 1.0, 0.5).failures == 0
+    outside = torch.full_like(tok, 3)
+    assert check_sampling(logits, outside, seed, 1.0, 0.5).failures == 20

@@ -1,0 +1,181 @@
+"""The detection matrix: honest files accepted, every cheat rejected, hostile files refused."""
+
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from swarmrl.inference.cheats import OtherModel, make_cheat
+from swarmrl.inference.rollouts import SCHEMA, read_rollouts, write_rollouts
+from swarmrl.validator.checks import Reject, check_with_model, check_without_model
+from tests.unit.validator_util import Maker, make_judge, small_run
+
+
+@pytest.fixture(scope="module")
+def setup(random_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("validator")
+    cfg = small_run(tmp, random_model_dir)
+    return cfg, tmp, make_judge(cfg, tmp), Maker(cfg, tmp, name="worker")
+
+
+def _judge(judge, key, data):
+    v = judge.judge(key, data)
+    assert v is not None
+    return v
+
+
+def test_honest_files_are_accepted_under_varied_batches_threads_and_padding(
+    random_model_dir, tmp_path
+):
+    """More than 500 honest samples: batch sizes 1 to 64 (padding changes with the batch),
+    1 and 2 threads, prompts of 3 to 20 characters, long and short completions."""
+    judge = None
+    samples = 0
+    worst = {"exp": 0, "mean": 0.0, "margin": 0.0, "lp": 0.0}
+    for i, (max_batch, threads, groups) in enumerate(
+        [(1, 1, 3), (3, 2, 4), (7, 1, 6), (16, 2, 6), (64, 1, 8), (64, 2, 8), (5, 1, 8)]
+    ):
+        cfg = small_run(tmp_path, random_model_dir, f"worker.groups_per_file={groups}")
+        judge = make_judge(cfg, tmp_path / f"j{i}")
+        torch.set_num_threads(threads)
+        try:
+            maker = Maker(cfg, tmp_path, name=f"honest-{i}", max_batch=max_batch)
+            for _ in range(3):
+                v = _judge(judge, *maker.file())
+                assert v.accepted, (max_batch, threads, v.check, v.reason)
+                samples += v.n_samples
+                worst["exp"] = max(worst["exp"], v.stats["max_exp_mismatches"])
+                worst["mean"] = max(worst["mean"], v.stats["max_mantissa_mean"])
+                worst["margin"] = max(worst["margin"], v.stats["worst_sampling_margin"])
+                worst["lp"] = max(worst["lp"], v.stats["mean_logprob_error"])
+                judge.ledger.record(v, maker.counter)
+        finally:
+            torch.set_num_threads(1)
+    assert samples >= 500
+    # far inside the limits, not just under them
+    assert worst["exp"] <= 2 and worst["mean"] <= 1.0, worst
+    assert worst["margin"] < 1e-3 and worst["lp"] < 2e-6, worst
+
+
+CHEATS = {
+    "other-model": "sampling",  # caught by its log-probs (and tokens); proofs pass at 5% noise
+    "low-precision": "sampling",  # its log-probs; proofs pass (see test below)
+    "altered-prompt": "proof",
+    "cheap-tokens": "sampling",
+    "inflated-reward": "reward",
+    "wrong-seed": "sampling",
+    "truncate": "termination",
+    "wrong-prompts": "assignment",
+}
+
+
+@pytest.mark.parametrize("cheat", sorted(CHEATS))
+def test_each_cheat_is_rejected_every_time(setup, cheat):
+    cfg, tmp, judge, maker = setup
+    for rep in range(3):
+        key, data = maker.file(make_cheat(cheat, seed=rep))
+        v = _judge(judge, key, data)
+        assert not v.accepted, f"{cheat} file {rep} accepted"
+        assert v.check == CHEATS[cheat], (v.check, v.reason)
+        assert v.samples and v.reason
+
+
+def test_a_reinitialised_model_fails_the_proofs(setup):
+    """Another initialisation: the TOPLOC proofs alone reject it."""
+    cfg, tmp, judge, maker = setup
+
+    class Reinit(OtherModel):
+        def after_load(self, backend):
+            torch.manual_seed(12345)
+            fresh = type(backend.model)(backend.model.config)
+            backend.model.load_state_dict(fresh.state_dict())
+
+    v = _judge(judge, *maker.file(Reinit()))
+    assert not v.accepted and v.check == "proof"
+
+
+def test_replays_are_rejected(setup):
+    cfg, tmp, judge, maker = setup
+    key, data = maker.file()
+    v = _judge(judge, key, data)
+    assert v.accepted
+    judge.ledger.record(v, maker.counter)
+    again = _judge(judge, key, data)  # the same file again
+    assert not again.accepted and again.check == "replay"
+    other_key = key.replace(f"-{maker.counter}-", f"-{maker.counter + 100}-")
+    moved = _judge(judge, other_key, data)  # the same bytes under another assignment
+    assert not moved.accepted and moved.check in ("replay", "assignment")
+    # the same rows encoded otherwise: new bytes, but the same assignment
+    table = pa.Table.from_pylist(read_rollouts(data), schema=SCHEMA)
+    reencoded = _table_bytes(table)
+    assert reencoded != data
+    v = _judge(judge, key, reencoded)
+    assert not v.accepted and v.check == "replay"
+
+
+def _with(rows, **changes):
+    return [r | changes for r in rows]
+
+
+def _table_bytes(table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="snappy")
+    return buf.getvalue()
+
+
+def test_hostile_files_are_rejected_with_a_reason(setup):
+    cfg, tmp, judge, maker = setup
+    key, data = maker.file()
+    rows = read_rollouts(data)
+    hostile = {
+        "not parquet": b"PAR1 this is not a parquet file",
+        "truncated": data[: len(data) // 2],
+        "empty": b"",
+        "wrong types": _table_bytes(pa.table({"problem_id": [1, 2], "reward": ["a", "b"]})),
+        "huge list": write_rollouts(_with(rows, completion_tokens=[1] * 100_000)),
+        "proofs too short": write_rollouts(_with(rows, proofs=b"\x00" * 10)),
+        "proofs too long": write_rollouts(
+            [r | {"proofs": r["proofs"] + b"\x00\x01"} for r in rows]
+        ),
+        "bad modulus": write_rollouts(
+            [r | {"proofs": b"\x00\x00" + r["proofs"][2:]} for r in rows]
+        ),
+        "token out of vocabulary": write_rollouts(
+            [r | {"completion_tokens": [10**6] * len(r["completion_tokens"])} for r in rows]
+        ),
+        "negative token": write_rollouts(
+            [r | {"completion_tokens": [-1] * len(r["completion_tokens"])} for r in rows]
+        ),
+        "nan reward": write_rollouts(_with(rows, reward=float("nan"))),
+        "missing group": write_rollouts([r for r in rows if r["group"] != 1]),
+        "other node column": write_rollouts(_with(rows, node="ab" * 32)),
+        "text not the tokens": write_rollouts(_with(rows, completion="forged")),
+    }
+    for name, blob in hostile.items():
+        v = _judge(judge, key, blob)
+        assert not v.accepted, name
+        assert v.check and v.check != "error" and v.reason, (name, v.check, v.reason)
+    bad_key = _judge(judge, "rollouts/step_000001/evil.parquet", data)
+    assert not bad_key.accepted and bad_key.check == "identity"
+
+
+def test_low_precision_passes_the_proofs_and_fails_the_logprobs(setup):
+    """What each check sees of weights rounded to bfloat16 under a float32 policy: the
+    TOPLOC statistics stay inside the published thresholds; the log-probs do not."""
+    cfg, tmp, judge, maker = setup
+    key, data = maker.file(make_cheat("low-precision"))
+    info, rows = check_without_model(judge.ctx, key, data)
+    assert judge.ensure_policy(0)
+    tolerance, judge.ctx.logprob_tolerance = judge.ctx.logprob_tolerance, 10.0
+    try:
+        stats = check_with_model(judge.ctx, judge.backend, rows)
+        assert stats["max_mantissa_mean"] <= 10
+        assert stats["mean_logprob_error"] > tolerance
+    except Reject as r:
+        assert r.check == "sampling"  # a token flipped: caught even without the log-probs
+    finally:
+        judge.ctx.logprob_tolerance = tolerance

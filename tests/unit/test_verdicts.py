@@ -1,0 +1,95 @@
+"""Verdicts: signed records, the ledger, and the trainer taking only what a validator accepted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swarmrl.inference.rollouts import Limits, write_rollouts
+from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+from swarmrl.protocol.store import LocalDirStore
+from swarmrl.trainer.batch import BatchCollector
+from swarmrl.validator.checks import sha256
+from swarmrl.validator.record import Ledger, Verdict, read_verdict, verdict_key
+from tests.unit.test_rollouts import make_rows
+from tests.unit.test_store_and_batch import _put
+
+
+@pytest.fixture
+def validator_key(tmp_path):
+    return load_or_create_key(tmp_path / "keys" / "validator-0.key")
+
+
+def _verdict(key, data, accepted=True, **kw) -> Verdict:
+    return Verdict(key, sha256(data), "ab" * 16, 5, 4, accepted, **kw)
+
+
+def test_signed_verdicts_verify_and_tampering_is_refused(validator_key, tmp_path):
+    trusted = [public_key_hex(validator_key)]
+    v = _verdict("rollouts/step_000005/x.parquet", b"data").signed(validator_key)
+    assert read_verdict(v.to_json(), trusted) == v
+    flipped = json.loads(v.to_json()) | {"accepted": False}
+    assert read_verdict(json.dumps(flipped).encode(), trusted) is None
+    other = load_or_create_key(tmp_path / "keys" / "other.key")
+    forged = _verdict("rollouts/step_000005/x.parquet", b"data").signed(other)
+    assert read_verdict(forged.to_json(), trusted) is None
+    for junk in (b"", b"{", b"[]", b'{"key": 1}', json.dumps({"extra": 1}).encode()):
+        assert read_verdict(junk, trusted) is None
+
+
+def test_ledger_finds_replays_by_bytes_and_by_assignment(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    v = _verdict("rollouts/step_000005/ab-3-p000004-g2.parquet", b"one")
+    ledger.record(v, counter=3)
+    assert ledger.replay_of(sha256(b"one"), "cd", 9, 9) == v.key
+    assert ledger.replay_of(sha256(b"two"), v.node, 5, 3) == v.key
+    assert ledger.replay_of(sha256(b"two"), v.node, 5, 4) is None
+    ledger.close()
+    again = Ledger(tmp_path / "ledger.sqlite")  # persistent
+    assert again.replay_of(sha256(b"one"), "", 0, 0) == v.key
+
+
+def _collector(store, key):
+    return BatchCollector(
+        store, Limits(group_size=3), async_level=2, poll_s=0.01, validators=[public_key_hex(key)]
+    )
+
+
+def test_trainer_waits_for_a_verdict_then_takes_only_accepted_bytes(validator_key, tmp_path):
+    store = LocalDirStore(tmp_path / "store")
+    data = write_rollouts(make_rows(groups=2, g=3, step=5, policy=4))
+    key = _put(store, 5, 4, data, 1)
+    c = _collector(store, validator_key)
+    polls = []
+    with pytest.raises(InterruptedError):  # no verdict yet: nothing is taken
+        c.collect(5, 2, should_stop=lambda: polls.append(1) or len(polls) > 3)
+    assert store.list("rollouts") == [key]
+    store.put(verdict_key(key), _verdict(key, data).signed(validator_key).to_json())
+    batch = c.collect(5, 2)
+    assert batch.groups == 2 and batch.accepted_files == 1
+
+
+@pytest.mark.parametrize("case", ["forged", "changed", "rejected", "other-key"])
+def test_trainer_refuses_files_whose_verdict_does_not_hold(validator_key, tmp_path, case):
+    store = LocalDirStore(tmp_path / "store")
+    data = write_rollouts(make_rows(groups=2, g=3, step=5, policy=4))
+    key = _put(store, 5, 4, data, 1)
+    good_data = write_rollouts(make_rows(groups=2, g=3, step=5, policy=4))
+    good = _put(store, 5, 4, good_data, 2)
+    store.put(verdict_key(good), _verdict(good, good_data).signed(validator_key).to_json())
+    v = _verdict(key, data)
+    if case == "forged":
+        v = v.signed(load_or_create_key(tmp_path / "keys" / "worker.key"))
+    elif case == "changed":
+        v = v.signed(validator_key)
+        store.put(key, data + b"\0")  # swapped after it was judged
+    elif case == "rejected":
+        v = _verdict(key, data, accepted=False, check="proof").signed(validator_key)
+    else:
+        v = _verdict(good, data).signed(validator_key)  # a verdict about another file
+    store.put(verdict_key(key), v.to_json())
+    batch = _collector(store, validator_key).collect(5, 2)
+    assert batch.accepted_files == 1 and batch.rejected_files == 1  # only the good file
+    reasons = [k for k in store.list("rejected") if k.endswith(".reason.txt")]
+    assert len(reasons) == 1 and store.list("rollouts") == []
