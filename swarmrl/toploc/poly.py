@@ -13,11 +13,7 @@ import numpy as np
 P = 65497  # prime
 
 
-def inverse(a: np.ndarray) -> np.ndarray:
-    """Elementwise multiplicative inverse mod P (Fermat: a^(P-2)); a must be nonzero."""
-    a = np.asarray(a, dtype=np.int64) % P
-    if np.any(a == 0):
-        raise ZeroDivisionError("0 has no inverse mod P")
+def _fermat_inverse(a: np.ndarray) -> np.ndarray:
     result = np.ones_like(a)
     base, e = a.copy(), P - 2
     while e:
@@ -26,6 +22,17 @@ def inverse(a: np.ndarray) -> np.ndarray:
         base = base * base % P
         e >>= 1
     return result
+
+
+_INVERSES = _fermat_inverse(np.arange(P, dtype=np.int64))  # a^(P-2); entry 0 unused
+
+
+def inverse(a: np.ndarray) -> np.ndarray:
+    """Elementwise multiplicative inverse mod P (a table of a^(P-2)); a must be nonzero."""
+    a = np.asarray(a, dtype=np.int64) % P
+    if np.any(a == 0):
+        raise ZeroDivisionError("0 has no inverse mod P")
+    return _INVERSES[a]
 
 
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -41,16 +48,20 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     # divided differences, in place: after level j, d[..., j] is the j-th Newton coefficient
     d = y.copy()
     for j in range(1, k):
-        d[..., j:] = (d[..., j:] - d[..., j - 1 : -1]) * inverse(x[..., j:] - x[..., : k - j]) % P
-    # Newton -> monomial: Horner on polynomials, from the highest term down
+        gaps = (x[..., j:] - x[..., : k - j]) % P
+        d[..., j:] = (d[..., j:] - d[..., j - 1 : -1]) * _INVERSES[gaps] % P
+    # Newton -> monomial: Horner on polynomials, from the highest term down; after the
+    # step for x_j the polynomial has degree k-1-j, so only its first k-j terms move
     coef = np.zeros_like(d)
     coef[..., 0] = d[..., k - 1]
     for j in range(k - 2, -1, -1):
         # coef(X) <- coef(X) * (X - x_j) + d_j   (degree grows by one)
-        shifted = np.zeros_like(coef)
-        shifted[..., 1:] = coef[..., :-1]
-        coef = (shifted - x[..., j : j + 1] * coef) % P
-        coef[..., 0] = (coef[..., 0] + d[..., j]) % P
+        n = k - j
+        old = coef[..., : n - 1].copy()
+        coef[..., :n] *= -x[..., j : j + 1]
+        coef[..., 1:n] += old
+        coef[..., 0] += d[..., j]
+        coef[..., :n] %= P
     return coef
 
 

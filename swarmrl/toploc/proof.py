@@ -52,17 +52,16 @@ class ChunkCheck:
     accepted: bool
 
 
-def _bf16_bits(values: torch.Tensor) -> np.ndarray:
-    return (values.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF).numpy()
-
-
 def _topk(chunks: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Flat token-major indices and bf16 bit patterns of the k largest |entries|
-    of each chunk: `chunks` is (n, t, H), the results (n, k)."""
-    flat = chunks.to(torch.bfloat16).reshape(len(chunks), -1)
-    k = min(k, flat.shape[1])
-    idx = torch.topk(flat.float().abs(), k, dim=-1, sorted=True).indices
-    return idx.numpy().astype(np.int64), _bf16_bits(flat.gather(-1, idx))
+    of each chunk: `chunks` is (n, t, H), the results (n, k). Magnitudes are
+    compared as the low 15 bits of the bf16 patterns, which order like |value|
+    (sign-magnitude format), so no float conversion is needed."""
+    bits = chunks.to(torch.bfloat16).reshape(len(chunks), -1).view(torch.int16).to(torch.int32)
+    bits &= 0xFFFF
+    k = min(k, bits.shape[1])
+    idx = torch.topk(bits & 0x7FFF, k, dim=-1, sorted=True).indices
+    return idx.numpy().astype(np.int64), bits.gather(-1, idx).numpy()
 
 
 def injective_moduli(indices: np.ndarray) -> np.ndarray:
