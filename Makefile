@@ -37,6 +37,7 @@ bench: $(STAMP) $(TINY)/manifest.json
 	$(PIP) -q -e '.[dev,bench]'
 	$(BIN)/python bench/grpo_vs_trl.py
 	$(BIN)/python bench/shardcast.py
+	$(BIN)/python bench/toploc.py --peer
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

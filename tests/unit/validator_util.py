@@ -80,4 +80,6 @@ def make_judge(cfg, tmp: Path) -> Judge:
     backend.load(Path(cfg.model.path))
     ledger = Ledger(tmp / "validator" / "ledger.sqlite")
     key = load_or_create_key(tmp / "keys" / "validator-0.key")
-    return Judge(cfg, backend, FixedWeights(Path(cfg.model.path)), ledger, key)
+    judge = Judge(cfg, backend, FixedWeights(Path(cfg.model.path)), ledger, key)
+    judge.loaded = 0  # the backend holds version 0 already (a .gguf cannot be hot-swapped)
+    return judge
