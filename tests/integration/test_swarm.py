@@ -119,7 +119,8 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
     assert sum(r["rejected_files"] for r in rows) == 1
     reasons = list((run / "store" / "rejected").glob("*.reason.txt"))
     assert len(reasons) == 1 and "not a readable parquet" in reasons[0].read_text()
-    assert "rejected rollouts/step_000003" in (run / "logs" / "trainer.log").read_text()
+    # the validator judged it (the trainer takes only files with a verdict)
+    assert "REJECTED rollouts/step_000003" in (run / "logs" / "validator-0.log").read_text()
     assert "exited with code -9; restarting" in out
 
 
