@@ -69,16 +69,34 @@ def consumed_key(key: str) -> str:
     return "consumed/" + key.removeprefix("rollouts/")
 
 
-def restore_unpublished(store) -> int:
-    """After a crash: move consumed files no published step used back to rollouts/.
+def used_verdict_key(consumed: str) -> str:
+    """Where the verdict of a consumed file goes: beside it, out of verdicts/, so that
+    the same bytes uploaded again under the same name meet the validator's ledger
+    (a replay) instead of the old verdict."""
+    return consumed.removesuffix(".parquet") + ".verdict.json"
 
-    Call it after deleting the files the last published step consumed.
-    """
-    keys = store.list("consumed")
+
+def delete_consumed(store, keys: list[str]) -> None:
     for key in keys:
-        store.put("rollouts/" + key.removeprefix("consumed/"), store.get(key))
         store.delete(key)
-    return len(keys)
+        store.delete(used_verdict_key(key))
+
+
+def restore_unpublished(store) -> int:
+    """After a crash: move consumed files no published step used back to rollouts/,
+    with their verdicts. Call it after deleting the files the last published step
+    consumed."""
+    keys = store.list("consumed")
+    moved = 0
+    for key in keys:
+        back = "rollouts/" + key.removeprefix("consumed/")
+        if key.endswith(".verdict.json"):
+            back = verdict_key(back.removesuffix(".verdict.json") + ".parquet")
+        else:
+            moved += 1
+        store.put(back, store.get(key))
+        store.delete(key)
+    return moved
 
 
 class BatchCollector:
@@ -176,9 +194,10 @@ class BatchCollector:
         data = self._get(key)
         if data is None:  # rejected and moved by the validator meanwhile
             return True
+        verdict = None
         try:
             if self.validators is not None:
-                self._check_verdict(key, data)
+                verdict = self._check_verdict(key, data)
             rows = read_rollouts(data, self.limits)
             if any(r["policy_step"] != info["policy"] for r in rows):
                 raise RolloutFileError("policy_step column disagrees with the file's key")
@@ -189,7 +208,11 @@ class BatchCollector:
         batch.accepted_files += 1
         consumed = consumed_key(key)
         self.store.put(consumed, data)
+        if verdict is not None:
+            self.store.put(used_verdict_key(consumed), verdict)
         self.store.delete(key)
+        if verdict is not None:
+            self.store.delete(verdict_key(key))
         batch.consumed.append(consumed)
         by_group: dict[int, list[dict]] = {}
         for r in rows:
@@ -223,7 +246,8 @@ class BatchCollector:
         except FileNotFoundError:
             return None
 
-    def _check_verdict(self, key: str, data: bytes) -> None:
+    def _check_verdict(self, key: str, data: bytes) -> bytes:
+        """The verdict's bytes, if it is a trusted acceptance of exactly `data`."""
         raw = self._get(verdict_key(key))
         v = read_verdict(raw, self.validators) if raw is not None else None
         if v is None:
@@ -232,3 +256,4 @@ class BatchCollector:
             raise RolloutFileError("the file is not the one its verdict judged")
         if not v.accepted:
             raise RolloutFileError(f"rejected by the validator: {v.check}: {v.reason}")
+        return raw

@@ -37,7 +37,7 @@ from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import ManifestError, write_json_atomic
 from swarmrl.shardcast.origin import Origin, Publisher
-from swarmrl.trainer.batch import BatchCollector, Sample, restore_unpublished
+from swarmrl.trainer.batch import BatchCollector, Sample, delete_consumed, restore_unpublished
 from swarmrl.trainer.step import grpo_update
 
 log = logging.getLogger("swarmrl.trainer")
@@ -146,8 +146,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             state = torch.load(_state_path(paths, v), weights_only=False)
             opt_state, elapsed0 = state["optimizer"], state["elapsed_s"]
             carry = [[Sample(**x) for x in group] for group in state["carry"]]
-            for key in state["consumed"]:
-                store.delete(key)
+            delete_consumed(store, state["consumed"])
         moved = restore_unpublished(store)
         if moved:
             log.info("moved %d rollout files of the unfinished step back to the queue", moved)
@@ -240,8 +239,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         tmp.replace(state_file)
 
         def after_publish(step=step, consumed=batch.consumed) -> None:
-            for key in consumed:
-                store.delete(key)
+            delete_consumed(store, consumed)
             for old in paths["trainer_state"].glob("step_*.pt"):
                 if int(old.stem.split("_")[1]) < step - cfg.async_level:
                     old.unlink(missing_ok=True)

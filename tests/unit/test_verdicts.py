@@ -93,3 +93,29 @@ def test_trainer_refuses_files_whose_verdict_does_not_hold(validator_key, tmp_pa
     assert batch.accepted_files == 1 and batch.rejected_files == 1  # only the good file
     reasons = [k for k in store.list("rejected") if k.endswith(".reason.txt")]
     assert len(reasons) == 1 and store.list("rollouts") == []
+
+
+def test_a_consumed_file_uploaded_again_meets_no_verdict(validator_key, tmp_path):
+    """The verdict moves with the consumed file: the same bytes put again under the same
+    name wait for a new verdict (the validator's ledger then calls it a replay), and a
+    crash before publishing brings file and verdict back together."""
+    from swarmrl.trainer.batch import delete_consumed, restore_unpublished
+
+    store = LocalDirStore(tmp_path / "store")
+    data = write_rollouts(make_rows(groups=2, g=3, step=5, policy=4))
+    key = _put(store, 5, 4, data, 1)
+    store.put(verdict_key(key), _verdict(key, data).signed(validator_key).to_json())
+    c = _collector(store, validator_key)
+    batch = c.collect(5, 2)
+    assert batch.accepted_files == 1 and not store.exists(verdict_key(key))
+    store.put(key, data)  # the replay
+    polls = []
+    with pytest.raises(InterruptedError):
+        c.collect(6, 2, should_stop=lambda: polls.append(1) or len(polls) > 3)
+    store.delete(key)
+    assert restore_unpublished(store) == 1  # the crash: file and verdict back in the queue
+    assert store.exists(key) and store.exists(verdict_key(key))
+    again = _collector(store, validator_key).collect(5, 2)
+    assert again.accepted_files == 1
+    delete_consumed(store, again.consumed)
+    assert store.list("consumed") == []
