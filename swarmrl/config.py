@@ -81,6 +81,12 @@ class SamplingConfig(_Section):
     temperature: float = Field(1.0, gt=0.0, le=4.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_new_tokens: int = Field(16, ge=1, le=32768, description="Completion length limit.")
+    max_prompt_tokens: int = Field(
+        4096,
+        ge=1,
+        le=1 << 20,
+        description="Longest prompt a rollout may hold (trainer and validator reject longer).",
+    )
 
 
 class WorkerConfig(_Section):

@@ -198,11 +198,22 @@ class HFBackend:
         ]
 
     def prefill(self, prompts, completions, max_tokens: int = 16384, max_logits: int = 1 << 26):
-        """The validator's pass: for each (prompt, completion) the bf16 final-norm
-        states (n, H) and the float32 logits (n, V) of the n generated positions,
-        from one forward over prompt + completion[:-1], left-padded like the
-        sampling loop. Batches hold at most `max_tokens` padded tokens and
-        `max_logits` logits."""
+        """All of `prefill_batches`, in input order (for callers that need every sample)."""
+        out = [None] * len(prompts)
+        for batch in self.prefill_batches(prompts, completions, max_tokens, max_logits):
+            for j, hidden, logits in batch:
+                out[j] = (hidden, logits)
+        return out
+
+    def prefill_batches(
+        self, prompts, completions, max_tokens: int = 16384, max_logits: int = 1 << 26
+    ):
+        """The validator's pass, one batch at a time: for each (prompt, completion),
+        yields (index, bf16 final-norm states (n, H), float32 logits (n, V)) of its n
+        generated positions, from one forward over prompt + completion[:-1],
+        left-padded like the sampling loop. A batch holds at most `max_tokens`
+        padded tokens and `max_logits` logits; the caller drops each batch before
+        the next is computed, so memory stays bounded whatever the file."""
         import torch
 
         vocab = self.model.config.vocab_size
@@ -218,7 +229,6 @@ class HFBackend:
                 batches.append([i])
             else:
                 batches[-1] = trial
-        out = [None] * len(prompts)
         for batch in batches:
             if not batch:
                 continue
@@ -242,7 +252,11 @@ class HFBackend:
             finally:
                 states.close()
             hidden = states.states[0][:, width - keep :]
+            out = []
             for row, j in enumerate(batch):
                 n = len(completions[j])
-                out[j] = (hidden[row, keep - n :].cpu(), logits[row, keep - n :].float().cpu())
-        return out
+                out.append(
+                    (j, hidden[row, keep - n :].cpu(), logits[row, keep - n :].float().cpu())
+                )
+            del logits, hidden, states
+            yield out

@@ -40,6 +40,8 @@ SCHEMA = pa.schema(
 )
 COLUMNS = SCHEMA.names
 MAX_FILE_BYTES = 256 * 1024 * 1024
+MAX_DECODED_BYTES = 1024 * 1024 * 1024  # all columns, decoded
+MAX_FIELD_BYTES = 16 * 1024 * 1024  # one string or binary value
 
 
 class RolloutFileError(ValueError):
@@ -82,12 +84,58 @@ def read_rollouts(data: bytes, limits: Limits = Limits()) -> list[dict]:
         raise RolloutFileError(f"{pf.metadata.num_rows} rows, over the limit of {limits.max_rows}")
     if pf.metadata.num_rows == 0:
         raise RolloutFileError("file holds no rows")
+    _check_sizes_before_reading(pf.metadata, limits)
     try:
-        rows = pf.read().to_pylist()
+        table = pf.read()
     except Exception as e:  # decoding errors inside the data pages
         raise RolloutFileError(f"corrupt parquet data: {type(e).__name__}: {e}") from None
+    _check_lengths(table, limits)  # in Arrow's compact form, before any Python objects exist
+    rows = table.to_pylist()
     _check_rows(rows, limits)
     return rows
+
+
+def _list_budget(limits: Limits, rows: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": rows * limits.max_prompt_tokens,
+        "completion_tokens": rows * limits.max_completion_tokens,
+        "completion_logprobs": rows * limits.max_completion_tokens,
+    }
+
+
+def _check_sizes_before_reading(metadata, limits: Limits) -> None:
+    """A few kilobytes of parquet can decode to gigabytes (a long run of one value):
+    the footer's value counts and sizes are checked before any page is decoded."""
+    budget = _list_budget(limits, metadata.num_rows)
+    values: dict[str, int] = {}
+    decoded = 0
+    for g in range(metadata.num_row_groups):
+        rg = metadata.row_group(g)
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            name = col.path_in_schema.split(".")[0]
+            values[name] = values.get(name, 0) + col.num_values
+            decoded += col.total_uncompressed_size
+    for name, limit in budget.items():
+        if values.get(name, 0) > limit:
+            raise RolloutFileError(f"column '{name}' holds {values[name]} values, over {limit}")
+    if decoded > MAX_DECODED_BYTES:
+        raise RolloutFileError(f"file decodes to {decoded} bytes, over {MAX_DECODED_BYTES}")
+
+
+def _check_lengths(table: pa.Table, limits: Limits) -> None:
+    """The same limits on the decoded columns (a footer can lie)."""
+    import pyarrow.compute as pc
+
+    for name, limit in _list_budget(limits, 1).items():
+        lengths = pc.list_value_length(table.column(name))
+        longest = pc.max(lengths).as_py() or 0
+        if longest > limit:
+            raise RolloutFileError(f"column '{name}' has a list of {longest}, over {limit}")
+    for name in ("problem_id", "node", "task_type", "prompt", "completion", "proofs"):
+        longest = pc.max(pc.binary_length(table.column(name))).as_py() or 0
+        if longest > MAX_FIELD_BYTES:
+            raise RolloutFileError(f"column '{name}' has a value of {longest} bytes")
 
 
 def _check_rows(rows: list[dict], limits: Limits) -> None:

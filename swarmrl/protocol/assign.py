@@ -49,10 +49,16 @@ def rollout_key(a: Assignment, node: str, groups: int) -> str:
 
 
 def parse_rollout_key(key: str) -> dict | None:
+    """The key's fields, or None unless the key is exactly what rollout_key writes
+    (one name per assignment: no other zero padding, no second spelling)."""
     m = ROLLOUT_KEY.match(key)
     if not m:
         return None
-    return {k: (v if k == "node" else int(v)) for k, v in m.groupdict().items()}
+    info = {k: (v if k == "node" else int(v)) for k, v in m.groupdict().items()}
+    a = Assignment(step=info["step"], policy_step=info["policy"], seed=0, counter=info["counter"])
+    if rollout_key(a, info["node"], info["groups"]) != key:
+        return None
+    return info
 
 
 def read_status(path: Path) -> dict | None:

@@ -23,6 +23,7 @@ class RolloutStore(Protocol):
     def list(self, prefix: str) -> list[str]: ...
     def delete(self, key: str) -> None: ...
     def exists(self, key: str) -> bool: ...
+    def size(self, key: str) -> int: ...
 
 
 def check_key(key: str) -> str:
@@ -59,9 +60,13 @@ class LocalDirStore:
         keys = []
         for dirpath, _, files in os.walk(base):
             for name in files:
-                if not name.startswith("."):
-                    keys.append(str(Path(dirpath, name).relative_to(self.root)))
+                key = str(Path(dirpath, name).relative_to(self.root))
+                if not name.startswith(".") and _KEY.match(key):  # a name get() would refuse
+                    keys.append(key)
         return sorted(keys)
+
+    def size(self, key: str) -> int:
+        return self._path(key).stat().st_size
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

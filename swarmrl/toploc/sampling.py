@@ -133,6 +133,6 @@ def check_sampling(
             competitors = scores.masked_fill(~nucleus_mask(rows, top_p, -mass_tolerance), -1e30)
         best = torch.maximum(competitors.max(dim=-1).values, chosen)
         margin = best - chosen
-        failures += int((margin > tolerance).sum())
+        failures += int((~(margin <= tolerance)).sum())  # NaN fails
         worst = max(worst, float(margin.max()))
     return SamplingCheck(failures, worst)

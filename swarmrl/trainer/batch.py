@@ -114,6 +114,9 @@ class BatchCollector:
     ):
         self.store = store
         self.validators = validators
+        # sha256 -> policy version of the files taken while they could still be fresh:
+        # a file (or its bytes under another name) is never taken twice
+        self.taken: dict[str, int] = {}
         self.rejected_seen = self.rejected_count()
         self.limits = limits
         self.async_level = async_level
@@ -133,6 +136,7 @@ class BatchCollector:
     ) -> Batch:
         batch = Batch()
         t0 = last_note = time.time()
+        self.taken = {h: p for h, p in self.taken.items() if p >= step - self.async_level}
         carried, self.carry = self.carry, []
         for group in carried:
             if group[0].policy_step < step - self.async_level:
@@ -195,7 +199,10 @@ class BatchCollector:
         if data is None:  # rejected and moved by the validator meanwhile
             return True
         verdict = None
+        digest = sha256(data)
         try:
+            if digest in self.taken:
+                raise RolloutFileError("these bytes were trained on already (a replay)")
             if self.validators is not None:
                 verdict = self._check_verdict(key, data)
             rows = read_rollouts(data, self.limits)
@@ -206,6 +213,7 @@ class BatchCollector:
             batch.rejected_files += 1
             return True
         batch.accepted_files += 1
+        self.taken[digest] = info["policy"]
         consumed = consumed_key(key)
         self.store.put(consumed, data)
         if verdict is not None:

@@ -130,7 +130,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
     tokenizer = load_tokenizer(cfg.model.path)
     pad_id = tokenizer.pad_token_id
 
-    start, elapsed0, opt_state, carry = 1, 0.0, None, []
+    start, elapsed0, opt_state, carry, taken = 1, 0.0, None, [], {}
     resumable = [v for v in weights.versions() if v == 0 or _state_path(paths, v).exists()]
     verified = None
     while resume and resumable and verified is None:
@@ -146,6 +146,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             state = torch.load(_state_path(paths, v), weights_only=False)
             opt_state, elapsed0 = state["optimizer"], state["elapsed_s"]
             carry = [[Sample(**x) for x in group] for group in state["carry"]]
+            taken = state.get("taken", {})
             delete_consumed(store, state["consumed"])
         moved = restore_unpublished(store)
         if moved:
@@ -176,6 +177,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         or cfg.trainer.batch_groups * cfg.worker.group_size * cfg.sampling.max_new_tokens
     )
     limits = Limits(
+        max_prompt_tokens=cfg.sampling.max_prompt_tokens,
         max_completion_tokens=cfg.sampling.max_new_tokens,
         group_size=cfg.worker.group_size,
     )
@@ -183,6 +185,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         store, limits, cfg.async_level, cfg.trainer.poll_s, trusted_validators(cfg)
     )
     collector.carry = carry
+    collector.taken = taken
     t_start = time.time() - elapsed0
 
     for step in range(start, cfg.trainer.steps + 1):
@@ -232,6 +235,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
                 "optimizer": optimizer.state_dict(),
                 "consumed": batch.consumed,
                 "carry": [[asdict(x) for x in group] for group in collector.carry],
+                "taken": collector.taken,
                 "elapsed_s": row["elapsed_s"],
             },
             tmp,

@@ -45,7 +45,7 @@ from swarmrl.models.prompting import decode_completion
 from swarmrl.protocol.assign import derive_seed, parse_rollout_key
 from swarmrl.tasks.length import length_penalty
 from swarmrl.tasks.verifiers import verify
-from swarmrl.toploc.proof import Thresholds, check_proofs_many
+from swarmrl.toploc.proof import Thresholds, check_proofs_many, split_proofs
 from swarmrl.toploc.sampling import check_sampling
 
 REWARD_TOLERANCE = 1e-4  # float32 storage of the rewards
@@ -92,9 +92,13 @@ class Context:
     logprob_tolerance: float
     eos_id: int
     vocab: int
+    hidden_size: int
+    max_batch_tokens: int = 16384
+    max_prompt_tokens: int = 4096
 
     def limits(self) -> Limits:
         return Limits(
+            max_prompt_tokens=self.cfg.sampling.max_prompt_tokens,
             max_completion_tokens=self.cfg.sampling.max_new_tokens,
             max_rows=self.cfg.worker.groups_per_file * self.cfg.worker.group_size,
             group_size=self.cfg.worker.group_size,
@@ -206,52 +210,69 @@ def _check_rewards(ctx: Context, rows: list[dict], plan) -> None:
 
 
 def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
-    """Checks 7 and 8 with `backend` holding the claimed policy. Returns statistics."""
-    prompts = [r["prompt_tokens"] for r in rows]
-    completions = [r["completion_tokens"] for r in rows]
-    states = backend.prefill(prompts, completions)
-    try:
-        checks = check_proofs_many([r["proofs"] for r in rows], [h for h, _ in states])
-    except ValueError as e:
-        raise Reject("proof", f"malformed proofs: {e}") from None
-    bad_proof = [i for i, cs in enumerate(checks) if not all(c.accepted for c in cs)]
-    all_checks = [c for cs in checks for c in cs]
-    stats = {
-        "chunks": len(all_checks),
-        "max_exp_mismatches": max(c.exp_mismatches for c in all_checks),
-        "max_mantissa_mean": max(c.mantissa_mean for c in all_checks),
-    }
-    _failing("proof", "fail their TOPLOC proofs", bad_proof, len(rows))
+    """Checks 7 and 8 with `backend` holding the claimed policy, one prefill batch at a
+    time (each batch's logits are dropped before the next). Returns statistics."""
+    for i, r in enumerate(rows):  # lengths first: nothing is computed for a malformed file
+        try:
+            split_proofs(r["proofs"], len(r["completion_tokens"]), ctx.hidden_size)
+        except ValueError as e:
+            raise Reject("proof", f"malformed proofs: sample {i}: {e}", [i]) from None
     s = ctx.cfg.sampling
-    bad_sampling, lp_errors, worst = [], [], 0.0
-    for i, (r, (_, logits)) in enumerate(zip(rows, states, strict=True)):
-        tokens = torch.tensor(r["completion_tokens"])
-        own = torch.log_softmax(logits / s.temperature, -1).gather(-1, tokens[:, None]).squeeze(-1)
-        lp_errors.append((own - torch.tensor(r["completion_logprobs"])).abs())
-        res = check_sampling(
-            logits,
-            tokens,
-            r["seed"],
-            s.temperature,
-            s.top_p,
-            ctx.sampling_tolerance,
+    bad_proof, bad_sampling, not_finite = [], [], []
+    lp_sum, lp_count, per_sample = 0.0, 0, [0.0] * len(rows)
+    stats = {"chunks": 0, "max_exp_mismatches": 0, "max_mantissa_mean": 0.0}
+    worst = 0.0
+    batches = backend.prefill_batches(
+        [r["prompt_tokens"] for r in rows],
+        [r["completion_tokens"] for r in rows],
+        max_tokens=ctx.max_batch_tokens,
+    )
+    for batch in batches:
+        finite = [b for b in batch if _finite(b[1], b[2])]
+        not_finite += [b[0] for b in batch if not _finite(b[1], b[2])]
+        checks = check_proofs_many(
+            [rows[j]["proofs"] for j, _, _ in finite], [h for _, h, _ in finite]
         )
-        worst = max(worst, res.worst_margin)
-        if res.failures:
-            bad_sampling.append(i)
+        for (j, _, logits), cs in zip(finite, checks, strict=True):
+            if not all(c.accepted for c in cs):
+                bad_proof.append(j)
+            stats["chunks"] += len(cs)
+            stats["max_exp_mismatches"] = max(
+                stats["max_exp_mismatches"], *(c.exp_mismatches for c in cs)
+            )
+            stats["max_mantissa_mean"] = max(
+                stats["max_mantissa_mean"], *(c.mantissa_mean for c in cs)
+            )
+            r = rows[j]
+            tokens = torch.tensor(r["completion_tokens"])
+            own = torch.log_softmax(logits / s.temperature, -1)
+            err = (
+                own.gather(-1, tokens[:, None]).squeeze(-1) - torch.tensor(r["completion_logprobs"])
+            ).abs()
+            per_sample[j] = float(err.mean())
+            lp_sum, lp_count = lp_sum + float(err.sum()), lp_count + len(err)
+            res = check_sampling(
+                logits, tokens, r["seed"], s.temperature, s.top_p, ctx.sampling_tolerance
+            )
+            worst = max(worst, res.worst_margin)
+            if res.failures:
+                bad_sampling.append(j)
+    _failing(
+        "proof", "make the policy's states or logits non-finite", sorted(not_finite), len(rows)
+    )
+    _failing("proof", "fail their TOPLOC proofs", sorted(bad_proof), len(rows))
     stats["worst_sampling_margin"] = worst
-    # the file's mean log-prob error: rounding outliers of single tokens average out,
-    # a systematic difference (another precision, other weights) does not
-    per_sample = [float(e.mean()) for e in lp_errors]
-    mean_lp = float(torch.cat(lp_errors).mean())
-    stats["mean_logprob_error"] = mean_lp
     _failing(
         "sampling",
         "hold tokens that are not their seeded Gumbel-max choice",
-        bad_sampling,
+        sorted(bad_sampling),
         len(rows),
     )
-    if mean_lp > ctx.logprob_tolerance:
+    # the file's mean log-prob error: rounding outliers of single tokens average out,
+    # a systematic difference (another precision, other weights) does not
+    mean_lp = lp_sum / max(lp_count, 1)
+    stats["mean_logprob_error"] = mean_lp
+    if not mean_lp <= ctx.logprob_tolerance:  # written so that NaN fails
         worst_samples = sorted(range(len(rows)), key=lambda i: -per_sample[i])[:10]
         raise Reject(
             "sampling",
@@ -260,3 +281,7 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
             worst_samples,
         )
     return stats
+
+
+def _finite(hidden: torch.Tensor, logits: torch.Tensor) -> bool:
+    return bool(torch.isfinite(hidden).all()) and bool(torch.isfinite(logits).all())

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from swarmrl.config import RunConfig
 from swarmrl.inference.backend import HFBackend
+from swarmrl.inference.rollouts import MAX_FILE_BYTES
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.assign import parse_rollout_key, read_status
 from swarmrl.protocol.identity import load_or_create_key
@@ -49,6 +50,8 @@ def make_context(cfg: RunConfig, tokenizer, backend) -> Context:
         else LOGPROB_TOLERANCE[cfg.model.dtype],
         eos_id=backend.eos_id,
         vocab=backend.model.config.vocab_size,
+        hidden_size=backend.model.config.hidden_size,
+        max_batch_tokens=v.max_batch_tokens,
     )
 
 
@@ -78,8 +81,11 @@ class Judge:
         self.loaded = version
         return True
 
-    def judge(self, key: str, data: bytes) -> Verdict | None:
-        """The verdict on one file, or None when its policy version is not available."""
+    def judge(self, key: str, data: bytes, trainer_step: int | None = None) -> Verdict | None:
+        """The verdict on one file, or None when its policy version is not available.
+        `trainer_step`: the step the trainer collects for, read after the file was
+        listed; an honest file is never for a later step, nor from a policy version
+        not yet published (the status moves to n+1 before version n is published)."""
         t0 = time.time()
         digest = sha256(data)
         info = parse_rollout_key(key) or {"node": "", "step": -1, "policy": -1, "counter": -1}
@@ -88,10 +94,21 @@ class Judge:
             info, rows = check_without_model(self.ctx, key, data)
             v.n_samples = len(rows)
             v.n_tokens = sum(len(r["completion_tokens"]) for r in rows)
-            earlier = self.ledger.replay_of(digest, info["node"], info["step"], info["counter"])
+            if trainer_step is not None and (
+                info["step"] > trainer_step or info["policy"] >= trainer_step
+            ):
+                raise Reject(
+                    "identity",
+                    f"claims step {info['step']} with policy {info['policy']}, but the trainer "
+                    f"is collecting step {trainer_step}",
+                )
+            if self.weights.newest() is None or self.weights.newest() < info["policy"]:
+                return None  # not mirrored yet; judged on a later pass
+            earlier = self.ledger.claim(digest, key, info["node"], info["step"], info["counter"])
             if earlier is not None:
                 raise Reject("replay", f"replay: same bytes or assignment as {earlier}")
             if not self.ensure_policy(info["policy"]):
+                self.ledger.release(digest)
                 return None
             v.stats = check_with_model(self.ctx, self.backend, rows)
             v.accepted = True
@@ -118,9 +135,8 @@ def publish_verdict(store, ledger: Ledger, v: Verdict, data: bytes, log_path: Pa
         store.put(f"rejected/{name}", data)
         store.put(f"rejected/{name}.reason.txt", f"{v.check}: {v.reason}".encode())
         store.delete(v.key)
-    info = parse_rollout_key(v.key)
-    if info is not None:
-        ledger.record(v, info["counter"])
+    if v.check != "replay":
+        ledger.settle(v.sha256, v.accepted)
     row = {k: getattr(v, k) for k in ("key", "node", "step", "policy_step", "accepted", "check")}
     row |= {"reason": v.reason[:300], "samples": len(v.samples), "seconds": v.seconds}
     row |= {"tokens": v.n_tokens, "time": v.time}
@@ -158,10 +174,14 @@ def run_validator(cfg: RunConfig, index: int) -> None:
         judged = 0
         for _, k in sorted(todo):
             try:
-                data = store.get(k)
+                too_big = store.size(k) > MAX_FILE_BYTES
+                data = b"" if too_big else store.get(k)
             except FileNotFoundError:
                 continue
-            v = judge.judge(k, data)
+            status = read_status(paths["status"]) or {"step": step}
+            v = judge.judge(k, data, int(status["step"]))
+            if v is not None and too_big:
+                v.check, v.reason = "schema", f"file is over {MAX_FILE_BYTES} bytes"
             if v is None:
                 continue
             publish_verdict(store, ledger, v, data, paths["verdicts"])

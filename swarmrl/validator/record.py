@@ -12,7 +12,9 @@ file it reads.
 
 The ledger (SQLite) remembers every file judged, by sha256 and by
 (node, step, counter), so that a file submitted twice, or a second file for
-one assignment, is a replay.
+one assignment, is a replay. A validator claims both before it judges (one
+atomic insert under two uniqueness constraints), so validators working side
+by side cannot both pass the same work.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from swarmrl.protocol.identity import sign, verify
 
 PAYLOAD_PREFIX = b"swarmrl-verdict-v1\n"
+PENDING = -1  # ledger state of a file being judged
 
 
 @dataclass
@@ -64,18 +67,25 @@ class Verdict:
 
 
 def verdict_key(rollout_key: str) -> str:
-    return "verdicts/" + rollout_key.removeprefix("rollouts/").removesuffix(".parquet") + ".json"
+    """One verdict name per store key (rollouts/a/b.parquet -> verdicts/a/b.parquet.json)."""
+    return "verdicts/" + rollout_key.removeprefix("rollouts/") + ".json"
+
+
+_TYPES = {"key": str, "sha256": str, "accepted": bool, "validator": str, "signature": str}
 
 
 def read_verdict(data: bytes, trusted: list[str]) -> Verdict | None:
-    """The verdict, if well formed and signed by one of the `trusted` keys; else None."""
+    """The verdict, if well formed and signed by one of the `trusted` keys; else None.
+    Whatever the bytes (deep nesting, wrong types), this returns None, never raises."""
     try:
         v = Verdict(**json.loads(data))
-    except (ValueError, TypeError):
+        if any(not isinstance(getattr(v, k), t) for k, t in _TYPES.items()):
+            return None
+        if v.validator not in trusted or not verify(v.validator, v.payload(), v.signature):
+            return None
+        return v
+    except Exception:  # any malformed verdict is simply not trusted
         return None
-    if v.validator not in trusted or not verify(v.validator, v.payload(), v.signature):
-        return None
-    return v
 
 
 class Ledger:
@@ -90,7 +100,40 @@ class Ledger:
             " node TEXT NOT NULL, step INTEGER NOT NULL, counter INTEGER NOT NULL,"
             " accepted INTEGER NOT NULL, time REAL NOT NULL)"
         )
-        self.db.execute("CREATE INDEX IF NOT EXISTS by_assignment ON files (node, step, counter)")
+        self.db.execute(
+            "CREATE UNIQUE INDEX IF NOT EXISTS one_file_per_assignment"
+            " ON files (node, step, counter)"
+        )
+
+    def claim(self, sha256: str, key: str, node: str, step: int, counter: int) -> str | None:
+        """Reserve these bytes and this assignment before judging; atomic, so two
+        validators cannot both pass the same work. Returns None when the claim is
+        ours, else the key of the earlier file (a replay). A claim left pending by
+        a validator that died while judging this very file is taken over."""
+        try:
+            self.db.execute(
+                "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (sha256, key, node, step, counter, PENDING, time.time()),
+            )
+            return None
+        except sqlite3.IntegrityError:
+            row = self.db.execute(
+                "SELECT key, sha256, accepted FROM files"
+                " WHERE sha256 = ? OR (node = ? AND step = ? AND counter = ?)",
+                (sha256, node, step, counter),
+            ).fetchone()
+            if row is None:  # removed meanwhile: try once more
+                return self.claim(sha256, key, node, step, counter)
+            if row[0] == key and row[1] == sha256 and row[2] == PENDING:
+                return None
+            return row[0]
+
+    def release(self, sha256: str) -> None:
+        """Drop a pending claim (the file could not be judged after all)."""
+        self.db.execute("DELETE FROM files WHERE sha256 = ? AND accepted = ?", (sha256, PENDING))
+
+    def settle(self, sha256: str, accepted: bool) -> None:
+        self.db.execute("UPDATE files SET accepted = ? WHERE sha256 = ?", (int(accepted), sha256))
 
     def replay_of(self, sha256: str, node: str, step: int, counter: int) -> str | None:
         """The key of an earlier file with these bytes or this assignment, if any."""
@@ -101,10 +144,9 @@ class Ledger:
         return row[0] if row else None
 
     def record(self, v: Verdict, counter: int) -> None:
-        self.db.execute(
-            "INSERT OR IGNORE INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (v.sha256, v.key, v.node, v.step, counter, int(v.accepted), time.time()),
-        )
+        """Claim and settle at once (a verdict reached without a claim)."""
+        if self.claim(v.sha256, v.key, v.node, v.step, counter) is None:
+            self.settle(v.sha256, v.accepted)
 
     def close(self) -> None:
         self.db.close()

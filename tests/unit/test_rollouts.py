@@ -83,9 +83,9 @@ def test_schema_violations_are_named():
 
 def test_limits_and_consistency():
     rows = make_rows()
-    rows[0]["completion_tokens"] = list(range(100))
-    rows[0]["completion_logprobs"] = [-1.0] * 100
-    with pytest.raises(RolloutFileError, match="completion length 100 out of range"):
+    rows[0]["completion_tokens"] = list(range(50))
+    rows[0]["completion_logprobs"] = [-1.0] * 50
+    with pytest.raises(RolloutFileError, match="'completion_tokens' has a list of 50, over 16"):
         read_rollouts(write_rollouts(rows), Limits(max_completion_tokens=16))
     rows = make_rows()
     rows[1]["completion_logprobs"] = [-1.0]
@@ -105,3 +105,23 @@ def test_limits_and_consistency():
     rows[4]["prompt_tokens"] = [9, 9]
     with pytest.raises(RolloutFileError, match="group 1 mixes prompts"):
         read_rollouts(write_rollouts(rows))
+
+
+def test_a_compressed_bomb_is_refused_before_it_is_decoded():
+    """A few kilobytes of zstd can hold millions of list values; the footer's counts
+    are checked before any page is decoded into Python lists."""
+    import numpy as np
+
+    rows = make_rows(groups=1, g=1)
+    n = 2_000_000
+    cols = {f.name: pa.array([rows[0][f.name]], type=f.type) for f in SCHEMA}
+    offsets = pa.array([0, n], pa.int32())
+    cols["completion_tokens"] = pa.ListArray.from_arrays(offsets, pa.array(np.zeros(n, "int32")))
+    cols["completion_logprobs"] = pa.ListArray.from_arrays(
+        offsets, pa.array(np.zeros(n, "float32"))
+    )
+    buf = io.BytesIO()
+    pq.write_table(pa.table([cols[f.name] for f in SCHEMA], schema=SCHEMA), buf, compression="zstd")
+    assert len(buf.getvalue()) < 100_000
+    with pytest.raises(RolloutFileError, match="completion_tokens' holds 2000000 values"):
+        read_rollouts(buf.getvalue(), Limits(max_completion_tokens=40, max_rows=12))

@@ -34,6 +34,16 @@ def test_rollout_keys_round_trip():
         "groups": 8,
     }
     assert parse_rollout_key("rollouts/step_1/../../x.parquet") is None
+    # one spelling per assignment: other zero padding is not the same file
+    assert parse_rollout_key(key.replace("step_000007", "step_7")) is None
+    assert parse_rollout_key(key.replace("-3-", "-03-")) is None
+
+
+def test_listing_skips_names_the_store_would_refuse(tmp_path):
+    s = LocalDirStore(tmp_path)
+    s.put("rollouts/a.parquet", b"x")
+    (tmp_path / "rollouts" / "a b.parquet").write_bytes(b"y")  # written around the store
+    assert s.list("rollouts") == ["rollouts/a.parquet"]
 
 
 def _put(store, step, policy, rows, counter):
@@ -111,7 +121,7 @@ def test_consumed_files_do_not_block_workers_and_return_after_a_crash(tmp_path):
     for r in flat:
         r["reward"] = 1.0  # no signal: the trainer needs more files than these
     for i in range(3):
-        _put(store, 5, 4, flat, i)
+        _put(store, 5, 4, [r | {"seed": i} for r in flat], i)  # three different files
     assigner = LocalAssigner(status, store, run_seed=0, async_level=2, max_pending_groups=4)
     assert assigner.next("n", 4) == "enough-pending"
     c = BatchCollector(store, Limits(group_size=3), async_level=2, poll_s=0.01)

@@ -89,3 +89,8 @@ def test_top_p_check_rejects_tokens_outside_the_nucleus():
     assert check_sampling(logits, tok, seed, 1.0, 0.5).failures == 0
     outside = torch.full_like(tok, 3)
     assert check_sampling(logits, outside, seed, 1.0, 0.5).failures == 20
+
+
+def test_non_finite_logits_fail_the_check():
+    logits = torch.full((4, 16), float("nan"))
+    assert check_sampling(logits, torch.zeros(4, dtype=torch.long), 1, 1.0, 1.0).failures == 4

@@ -62,14 +62,15 @@ def test_honest_files_are_accepted_under_varied_batches_threads_and_padding(
 
 
 CHEATS = {
-    "other-model": "sampling",  # caught by its log-probs (and tokens); proofs pass at 5% noise
-    "low-precision": "sampling",  # its log-probs; proofs pass (see test below)
-    "altered-prompt": "proof",
-    "cheap-tokens": "sampling",
-    "inflated-reward": "reward",
-    "wrong-seed": "sampling",
-    "truncate": "termination",
-    "wrong-prompts": "assignment",
+    # 5% weight noise: its tokens and log-probs, sometimes a chunk of its proofs
+    "other-model": {"sampling", "proof"},
+    "low-precision": {"sampling"},  # its log-probs; proofs pass (see test below)
+    "altered-prompt": {"proof"},
+    "cheap-tokens": {"sampling"},
+    "inflated-reward": {"reward"},
+    "wrong-seed": {"sampling"},
+    "truncate": {"termination"},
+    "wrong-prompts": {"assignment"},
 }
 
 
@@ -80,7 +81,7 @@ def test_each_cheat_is_rejected_every_time(setup, cheat):
         key, data = maker.file(make_cheat(cheat, seed=rep))
         v = _judge(judge, key, data)
         assert not v.accepted, f"{cheat} file {rep} accepted"
-        assert v.check == CHEATS[cheat], (v.check, v.reason)
+        assert v.check in CHEATS[cheat], (v.check, v.reason)
         assert v.samples and v.reason
 
 
@@ -179,3 +180,21 @@ def test_low_precision_passes_the_proofs_and_fails_the_logprobs(setup):
         assert r.check == "sampling"  # a token flipped: caught even without the log-probs
     finally:
         judge.ctx.logprob_tolerance = tolerance
+
+
+def test_files_ahead_of_the_trainer_are_rejected_not_left_waiting(setup):
+    """A file for a later step, or from a policy not yet published, cannot be honest;
+    left unjudged it would count as pending for ever and stall the workers."""
+    cfg, tmp, judge, maker = setup
+    key, data = maker.file(step=1)
+    v = _judge_at(judge, key, data, trainer_step=1)  # policy 0 < step 1: fine
+    assert v.accepted, v.reason
+    key, data = maker.file(step=3)
+    v = _judge_at(judge, key, data, trainer_step=2)
+    assert not v.accepted and v.check == "identity" and "collecting step 2" in v.reason
+
+
+def _judge_at(judge, key, data, trainer_step):
+    v = judge.judge(key, data, trainer_step)
+    assert v is not None
+    return v

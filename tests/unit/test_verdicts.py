@@ -119,3 +119,43 @@ def test_a_consumed_file_uploaded_again_meets_no_verdict(validator_key, tmp_path
     assert again.accepted_files == 1
     delete_consumed(store, again.consumed)
     assert store.list("consumed") == []
+
+
+def test_verdicts_that_would_crash_a_parser_are_just_untrusted(validator_key):
+    trusted = [public_key_hex(validator_key)]
+    v = json.loads(_verdict("rollouts/step_000005/x.parquet", b"d").signed(validator_key).to_json())
+    for bad in (
+        json.dumps(v | {"signature": 12345}).encode(),
+        json.dumps(v | {"accepted": "yes"}).encode(),
+        b"[" * 100_000 + b"]" * 100_000,  # deep nesting: RecursionError inside json
+        b"\xff\xfe\x00",
+    ):
+        assert read_verdict(bad, trusted) is None
+
+
+def test_verdict_names_are_one_to_one():
+    assert verdict_key("rollouts/a/x") != verdict_key("rollouts/a/x.parquet")
+
+
+def test_two_validators_cannot_both_claim_one_assignment(tmp_path):
+    a, b = Ledger(tmp_path / "l.sqlite"), Ledger(tmp_path / "l.sqlite")
+    assert a.claim(sha256(b"one"), "k1", "ab", 5, 3) is None
+    assert b.claim(sha256(b"two"), "k2", "ab", 5, 3) == "k1"  # same assignment, other bytes
+    assert b.claim(sha256(b"one"), "k3", "cd", 6, 1) == "k1"  # same bytes, other name
+    assert b.claim(sha256(b"one"), "k1", "ab", 5, 3) is None  # k1 again: a pending claim, ours
+    a.settle(sha256(b"one"), True)
+    assert b.claim(sha256(b"one"), "k1", "ab", 5, 3) == "k1"  # settled: now a replay
+
+
+def test_the_trainer_never_takes_the_same_bytes_twice(validator_key, tmp_path):
+    store = LocalDirStore(tmp_path / "store")
+    data = write_rollouts(make_rows(groups=2, g=3, step=5, policy=4))
+    c = _collector(store, validator_key)
+    for counter in (1, 2):  # the same bytes under two names, both with good verdicts
+        key = _put(store, 5, 4, data, counter)
+        store.put(verdict_key(key), _verdict(key, data).signed(validator_key).to_json())
+    good = write_rollouts([r | {"seed": 9} for r in make_rows(groups=2, g=3, step=5, policy=4)])
+    key = _put(store, 5, 4, good, 3)
+    store.put(verdict_key(key), _verdict(key, good).signed(validator_key).to_json())
+    batch = c.collect(5, 4)
+    assert batch.accepted_files == 2 and batch.rejected_files == 1
