@@ -33,14 +33,17 @@ The default, 0.01 in units of logits/T, is 100x the measured float32 error;
 bfloat16 inference on GPUs needs a larger value (its logit errors reach a few
 hundredths), which the config exposes.
 
-With top_p < 1 the nucleus itself can differ at its boundary. The check uses
-the tokens that are in the nucleus for certain (the mass before them is below
-top_p - `mass_tolerance`) as competitors, and requires the chosen token to be
-in the nucleus up to that tolerance.
+With top_p < 1 the nucleus itself can differ at its boundary: two tokens
+whose scores differ by less than the error can swap places, and the mass
+ahead of a token then jumps by a whole probability. The check bounds the
+worker's nucleus with the same error allowance (`_nucleus_bounds`): the chosen
+token must be in it for some order the errors allow, and only tokens in it for
+every such order compete with it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -114,7 +117,6 @@ def check_sampling(
     temperature: float,
     top_p: float,
     tolerance: float = 0.01,
-    mass_tolerance: float = 1e-3,
 ) -> SamplingCheck:
     """Check one completion: `logits` (n, V) are the validator's at the n generated positions."""
     n, vocab = logits.shape
@@ -128,11 +130,38 @@ def check_sampling(
         chosen = scores.gather(-1, tok[:, None]).squeeze(-1)
         competitors = scores
         if top_p < 1.0:
-            maybe_in = nucleus_mask(rows, top_p, mass_tolerance).gather(-1, tok[:, None])
-            chosen = chosen.masked_fill(~maybe_in.squeeze(-1), float("-inf"))
-            competitors = scores.masked_fill(~nucleus_mask(rows, top_p, -mass_tolerance), -1e30)
+            maybe_in, surely_in = _nucleus_bounds(rows, tok, top_p, tolerance)
+            chosen = chosen.masked_fill(~maybe_in, float("-inf"))
+            competitors = scores.masked_fill(~surely_in, float("-inf"))
         best = torch.maximum(competitors.max(dim=-1).values, chosen)
         margin = best - chosen
         failures += int((~(margin <= tolerance)).sum())  # NaN fails
         worst = max(worst, float(margin.max()))
     return SamplingCheck(failures, worst)
+
+
+def _nucleus_bounds(scaled: torch.Tensor, tok: torch.Tensor, top_p: float, tolerance: float):
+    """Which tokens were in the worker's nucleus, allowing each of its scaled logits to
+    differ from ours by tolerance/2 (the same error the near-tie tolerance allows).
+
+    Token u is ahead of token v in the worker's order for certain when our scores
+    differ by more than `tolerance`, and each probability is off by a factor of at
+    most e^tolerance. So the chosen token may have been in the nucleus when the
+    mass surely ahead of it, shrunk by e^-tolerance, is below top_p; a competitor
+    was in it for certain when all the mass that may be ahead of it, grown by
+    e^tolerance, is below top_p. Returns (chosen may be in (n,), surely in (n, V))."""
+    probs = torch.softmax(scaled, dim=-1)
+    desc, order = scaled.sort(dim=-1, descending=True)
+    cum = torch.cat([torch.zeros_like(probs[:, :1]), probs.gather(-1, order).cumsum(-1)], dim=-1)
+    neg = (-desc).contiguous()  # ascending, for searchsorted
+
+    def mass_above(threshold: torch.Tensor, inclusive: bool) -> torch.Tensor:
+        count = torch.searchsorted(neg, (-threshold).contiguous(), right=inclusive)
+        return cum.gather(-1, count)
+
+    s_tok = scaled.gather(-1, tok[:, None])
+    sure_ahead = mass_above(s_tok + tolerance, inclusive=False).squeeze(-1)
+    maybe_in = sure_ahead * math.exp(-tolerance) < top_p
+    maybe_ahead = mass_above(scaled - tolerance, inclusive=True) - probs  # minus the token itself
+    surely_in = maybe_ahead * math.exp(tolerance) < top_p
+    return maybe_in, surely_in

@@ -94,3 +94,20 @@ def test_top_p_check_rejects_tokens_outside_the_nucleus():
 def test_non_finite_logits_fail_the_check():
     logits = torch.full((4, 16), float("nan"))
     assert check_sampling(logits, torch.zeros(4, dtype=torch.long), 1, 1.0, 1.0).failures == 4
+
+
+def test_top_p_boundary_swaps_within_the_error_pass():
+    """Two tokens a hair apart straddle the nucleus edge; the worker's and the
+    validator's logits order them differently. The honest token must still pass."""
+    base = torch.log(torch.tensor([0.5, 0.25, 0.25, 1e-4]))
+    worker = base + torch.tensor([0, 1e-6, 0, 0])
+    validator = base + torch.tensor([0, 0, 1e-6, 0])
+    checked = 0
+    for seed in range(200):
+        tok, _ = gumbel_sample(worker[None], torch.tensor([seed]), torch.tensor([0]), 1.0, 0.6)
+        if int(tok) == 1:  # in the worker's nucleus, outside the validator's exact one
+            checked += 1
+            assert check_sampling(validator[None], tok, seed, 1.0, 0.6).failures == 0
+    assert checked > 10
+    # a token far outside the nucleus still fails
+    assert check_sampling(validator[None], torch.tensor([3]), 0, 1.0, 0.6).failures == 1
