@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             import asyncio
             import resource
 
-            from swarmrl.shardcast.client import fetch_once
+            from swarmrl.shardcast.fetch import fetch_once
             from swarmrl.shardcast.source import trainer_public_key
 
             got = asyncio.run(

@@ -193,39 +193,22 @@ def launch(
         extra, relays = _shardcast_setup(cfg, base, cfg_args)
         cfg_args = cfg_args + extra
     cfg_args = cfg_args + _validator_setup(cfg)
-    trainer = Proc(
-        "trainer",
-        base + ["trainer", *cfg_args] + (["--resume"] if resume else []),
-        run / "logs" / "trainer.log",
-        cfg.trainer.threads,
-    )
+
+    def proc(name: str, args: list[str], threads: int, niceness: int = 0) -> Proc:
+        return Proc(name, base + args + cfg_args, run / "logs" / f"{name}.log", threads, niceness)
+
+    trainer = proc("trainer", ["trainer"] + (["--resume"] if resume else []), cfg.trainer.threads)
+    nice = cfg.launcher.worker_niceness
     workers = [
-        Proc(
-            f"worker-{i}",
-            base + ["worker", "--index", str(i), *cfg_args],
-            run / "logs" / f"worker-{i}.log",
-            cfg.worker.threads,
-            cfg.launcher.worker_niceness,
-        )
+        proc(f"worker-{i}", ["worker", "--index", str(i)], cfg.worker.threads, nice)
         for i in range(cfg.launcher.workers)
     ]
     cheater_procs = [
-        Proc(
-            f"cheater-{i}",
-            base + ["worker", "--index", str(i), "--cheat", kind, *cfg_args],
-            run / "logs" / f"cheater-{i}.log",
-            cfg.worker.threads,
-            cfg.launcher.worker_niceness,
-        )
-        for i, kind in enumerate(cheat_kinds)
+        proc(f"cheater-{i}", ["worker", "--index", str(i), "--cheat", k], cfg.worker.threads, nice)
+        for i, k in enumerate(cheat_kinds)
     ]
     validators = [
-        Proc(
-            f"validator-{i}",
-            base + ["validator", "--index", str(i), *cfg_args],
-            run / "logs" / f"validator-{i}.log",
-            cfg.validator.threads,
-        )
+        proc(f"validator-{i}", ["validator", "--index", str(i)], cfg.validator.threads)
         for i in range(cfg.validator.count if cfg.validator.enabled else 0)
     ]
     helpers = [*relays, *validators, *workers, *cheater_procs]  # restarted when they die

@@ -478,29 +478,3 @@ class Follower:
                 if st.pos + len(chunk) > end:
                     raise _BadStatus("more bytes than the shard holds")
                 on_data(chunk)
-
-
-async def fetch_once(
-    servers: list[str],
-    trusted_key: str,
-    root: Path,
-    min_version: int = 0,
-    parallel: int = 2,
-    timeout_s: float | None = None,
-    direct_io: bool = True,
-) -> Fetched:
-    """Wait for a version >= `min_version`, download it into `root`, and return.
-    The engine of `swarmrl fetch` (one-off downloads, benchmarks, debugging)."""
-    got: list[Fetched] = []
-    stop = asyncio.Event()
-
-    def fetched(f: Fetched) -> None:
-        if f.version >= min_version:
-            got.append(f)
-            stop.set()
-
-    follower = Follower(
-        servers, trusted_key, root, parallel=parallel, direct_io=direct_io, on_fetched=fetched
-    )
-    await asyncio.wait_for(follower.run(stop), timeout_s)
-    return got[0]

@@ -102,7 +102,8 @@ class Judge:
                     f"claims step {info['step']} with policy {info['policy']}, but the trainer "
                     f"is collecting step {trainer_step}",
                 )
-            if self.weights.newest() is None or self.weights.newest() < info["policy"]:
+            newest = self.weights.newest()
+            if newest is None or newest < info["policy"]:
                 return None  # not mirrored yet; judged on a later pass
             earlier = self.ledger.claim(digest, key, info["node"], info["step"], info["counter"])
             if earlier is not None:
