@@ -1,7 +1,8 @@
 """swarmrl vs TRL's GRPOTrainer: same tiny model, task, group size, batch, lengths.
 
     .venv/bin/python bench/grpo_vs_trl.py [--max-steps N] [--max-seconds S]
-        [--threshold X] [--window W] [--trl-threads K] [--trl-loss-type T] [--full]
+        [--margin M | --threshold X] [--window W] [--trl-threads K] [--trl-loss-type T]
+        [--full]
 
 TRL runs first, in this process; then swarmrl as a user starts it
 (`python -m swarmrl rl`: trainer and workers in their own processes); --swarmrl-first
@@ -14,7 +15,19 @@ top_p, lr, AdamW betas and weight decay, grad clip, ε, δ, KL coef, seed. TRL a
 a constant lr, plain AdamW, no activation checkpointing, one optimizer step per
 generation batch, scale_rewards="group" and, by default, loss_type="dr_grpo": token
 losses summed and divided by B·G·max_new_tokens, which is swarmrl's constant token
-budget ("grpo" averages per sequence first: --trl-loss-type grpo).
+budget ("grpo" averages per sequence first: --trl-loss-type grpo). swarmrl runs with
+curriculum.enabled=false: TRL has no adaptive difficulty, so both train at the task's
+fixed difficulty.
+
+Both systems start from the same model file (cfg.model.path; its model.safetensors
+sha256 is recorded under "start"). The threshold is relative to where that model
+starts, because the warm-started model lands differently from machine to machine and a
+fixed threshold can lie below both starting points (then "time to threshold" measures
+start-up alone): threshold = start_reward + --margin, where start_reward is the model's
+mean sampled reward at the run's temperature, as `swarmrl init-model` records it in
+<model>/warm_start.json ("sampled_reward"). --threshold X sets an absolute threshold
+instead. Each system's mean reward over its first --window steps (first_window_reward)
+is reported beside start_reward as a sanity check: the two should roughly agree.
 
 Per training step, for both systems:
 - reward: mean reward over every completion sampled for the step (TRL: its logged
@@ -22,19 +35,23 @@ Per training step, for both systems:
   step, before zero-advantage groups are dropped). This is the policy's real
   performance. reward_signal, the mean over the groups with signal only (what each
   system trains on), is reported beside it.
-- (b) seconds_to_threshold: wall clock taken by this script from the start of the
-  system (TRL: before importing torch/transformers/trl; swarmrl: before starting the
-  subprocess, whose processes import the same) to the first step at which the mean
-  of `reward` over the last --window steps is >= --threshold. TRL steps are stamped
-  in an on_log callback, swarmrl steps when their metrics row appears (polled every
-  0.1 s). null when not reached within --max-steps / --max-seconds. For swarmrl,
-  trainer_elapsed_s (the trainer's own clock, after its model load) is kept per step.
+- (b) seconds_to_threshold: training time only, the wall clock from the first step's
+  row to the row of the first step at which the mean of `reward` over the last
+  --window steps is >= the threshold. Rows are stamped by this script: TRL's in an
+  on_log callback, swarmrl's when its metrics row appears (polled every 0.1 s). null
+  when not reached within --max-steps / --max-seconds. Start-up is reported apart:
+  startup_s, from the start of the system (TRL: before importing
+  torch/transformers/trl; swarmrl: before starting the subprocess, whose processes
+  import the same) to the first step's row; seconds_to_threshold_incl_startup is the
+  sum. For swarmrl, trainer_elapsed_s (the trainer's own clock, after its model load)
+  is kept per step.
 - (a) tokens: prompt + completion tokens (EOS included) of the samples an update
   trained on. e2e_tokens_per_s: all of them / wall clock from start to the last step;
   steady_tokens_per_s: steps 2.. over the time after step 1; update_tokens_per_s:
   over update time only (swarmrl: the trainer's train_s, which includes its
   old-log-prob pass; TRL: step time minus generation and scoring).
-Each system stops once it crosses the threshold unless --full is given.
+Each system stops once it crosses the threshold unless --full is given; --max-seconds
+counts from the system's start, start-up included.
 
 Fairness caveats. Timings mean little on a busy machine (load averages are
 recorded). swarmrl runs trainer + workers as single-thread processes (3 on 2 cores
@@ -51,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -75,6 +93,43 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_start(cfg, config_file: str) -> dict:
+    """The starting model's identity and its mean sampled reward, from warm_start.json."""
+    model = Path(cfg.model.path)
+    rebuild = (
+        f"rebuild the model with `swarmrl init-model --task {cfg.task.name} --out {model} "
+        f"--config {config_file}` (`make run` does it)"
+    )
+    ws = model / "warm_start.json"
+    info = json.loads(ws.read_text()) if ws.is_file() else {}
+    missing = [k for k in ("sampled_reward", "temperature") if info.get(k) is None]
+    if missing:
+        what = f"{ws} is missing" if not ws.is_file() else f"{ws} has no {', '.join(missing)}"
+        sys.exit(f"{what}: the threshold is relative to the starting reward; {rebuild}")
+    if abs(info["temperature"] - cfg.sampling.temperature) > 1e-9:
+        sys.exit(
+            f"{ws} records the sampled reward at temperature {info['temperature']}, the run "
+            f"samples at {cfg.sampling.temperature}; {rebuild}"
+        )
+    weights = model / "model.safetensors"
+    if not weights.is_file():
+        sys.exit(f"{weights} is missing; {rebuild}")
+    return {
+        "model": str(model),
+        "model_sha256": sha256(weights),
+        "start_reward": float(info["sampled_reward"]),
+        "temperature": info["temperature"],
+    }
+
+
 def crossing(rows: list[dict], threshold: float, window: int) -> int | None:
     """Index of the first row whose trailing `window`-step mean reward is >= threshold."""
     for i in range(window - 1, len(rows)):
@@ -84,22 +139,25 @@ def crossing(rows: list[dict], threshold: float, window: int) -> int | None:
     return None
 
 
-def summarize(rows: list[dict], args) -> dict:
+def summarize(rows: list[dict], args, threshold: float) -> dict:
     def rnd(x, n=4):
         return None if x is None else round(x, n)
 
     if not rows:
         return {"steps": 0, "reached_threshold": False, "seconds_to_threshold": None}
-    i = crossing(rows, args.threshold, args.window)
+    i = crossing(rows, threshold, args.window)
     tokens, wall = sum(r["tokens"] for r in rows), rows[-1]["wall_s"]
-    after_first = rows[-1]["wall_s"] - rows[0]["wall_s"]
+    startup = rows[0]["wall_s"]
+    after_first = rows[-1]["wall_s"] - startup
     return {
         "steps": len(rows),
         "reached_threshold": i is not None,
-        "seconds_to_threshold": None if i is None else rnd(rows[i]["wall_s"], 2),
+        "seconds_to_threshold": None if i is None else rnd(rows[i]["wall_s"] - startup, 2),
+        "seconds_to_threshold_incl_startup": None if i is None else rnd(rows[i]["wall_s"], 2),
         "steps_to_threshold": None if i is None else rows[i]["step"],
+        "startup_s": rnd(startup, 2),
         "wall_s": rnd(wall, 2),
-        "first_step_wall_s": rnd(rows[0]["wall_s"], 2),
+        "first_window_reward": rnd(mean(r["reward"] for r in rows[: args.window])),
         "first5_reward": rnd(mean(r["reward"] for r in rows[:5])),
         "last5_reward": rnd(mean(r["reward"] for r in rows[-5:])),
         "first5_reward_signal": rnd(mean(r["reward_signal"] for r in rows[:5])),
@@ -115,7 +173,7 @@ def summarize(rows: list[dict], args) -> dict:
     }
 
 
-def run_trl(cfg, args, tmp: Path) -> list[dict]:
+def run_trl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
     t0 = time.time()  # before the heavy imports: swarmrl's clock includes its processes' imports
     import torch
     from datasets import Dataset
@@ -173,7 +231,7 @@ def run_trl(cfg, args, tmp: Path) -> list[dict]:
             rows.append(row)
             self.tokens_seen = seen
             log(f"trl step {row['step']}: reward {row['reward'] or 0:.3f} t={row['wall_s']:.1f}s")
-            crossed = crossing(rows, args.threshold, args.window) is not None
+            crossed = crossing(rows, threshold, args.window) is not None
             if (crossed and not args.full) or now - t0 > args.max_seconds:
                 control.should_training_stop = True
 
@@ -201,12 +259,13 @@ def run_trl(cfg, args, tmp: Path) -> list[dict]:
     return rows
 
 
-def run_swarmrl(cfg, args, tmp: Path) -> list[dict]:
+def run_swarmrl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
     runs_dir = tmp / "swarmrl"
     run_dir, launcher_log = runs_dir / cfg.name, tmp / "swarmrl-launcher.log"
     metrics = run_dir / "metrics.jsonl"
     cmd = [sys.executable, "-m", "swarmrl", "rl", "--config", args.config, "--fresh"]
     cmd += [f"runs_dir={runs_dir}", f"trainer.steps={args.max_steps}"]
+    cmd += ["curriculum.enabled=false"]  # fixed difficulty, as TRL trains
     rows, stopped = [], False
     with open(launcher_log, "wb") as out:
         t0 = time.time()
@@ -225,7 +284,7 @@ def run_swarmrl(cfg, args, tmp: Path) -> list[dict]:
                 log(f"swarmrl step {m['step']}: reward {m['reward']:.3f} t={row['wall_s']:.1f}s")
             if not alive:
                 break
-            crossed = crossing(rows, args.threshold, args.window) is not None
+            crossed = crossing(rows, threshold, args.window) is not None
             if not stopped and ((crossed and not args.full) or time.time() - t0 > args.max_seconds):
                 proc.send_signal(signal.SIGINT)  # the launcher stops trainer and workers cleanly
                 stopped = True
@@ -241,7 +300,14 @@ def main() -> None:
     p.add_argument("--config", default="configs/tiny.toml")
     p.add_argument("--max-steps", type=int, default=300, help="per system")
     p.add_argument("--max-seconds", type=float, default=400.0, help="per system")
-    p.add_argument("--threshold", type=float, default=0.45, help="mean reward to reach")
+    p.add_argument(
+        "--margin", type=float, default=0.15,
+        help="threshold = the starting model's mean sampled reward + this",
+    )  # fmt: skip
+    p.add_argument(
+        "--threshold", type=float, default=None,
+        help="absolute mean reward to reach (overrides --margin)",
+    )  # fmt: skip
     p.add_argument("--window", type=int, default=5, help="steps in the rolling mean")
     p.add_argument("--trl-threads", type=int, default=2)
     p.add_argument("--trl-loss-type", default="dr_grpo", choices=["dr_grpo", "grpo", "bnpo"])
@@ -260,21 +326,31 @@ def main() -> None:
         )
     if cfg.length_reward.mode != "none" or cfg.trainer.entropy_coef > 0:
         sys.exit("length rewards and the entropy bonus have no TRL counterpart here; turn them off")
+    start = read_start(cfg, args.config)
+    relative = args.threshold is None
+    threshold = start["start_reward"] + args.margin if relative else args.threshold
+    log(f"start reward {start['start_reward']:.3f}, threshold {threshold:.3f}")
     order = ["swarmrl", "trl"] if args.swarmrl_first else ["trl", "swarmrl"]
     load_before, res = os.getloadavg(), {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as d:
         for name in order:
             log(f"{name}: up to {args.max_steps} steps / {args.max_seconds:.0f}s")
-            rows = (run_trl if name == "trl" else run_swarmrl)(cfg, args, Path(d))
-            res[name] = summarize(rows, args)
+            rows = (run_trl if name == "trl" else run_swarmrl)(cfg, args, threshold, Path(d))
+            res[name] = summarize(rows, args, threshold)
+            first = res[name].get("first_window_reward")
+            log(
+                f"{name}: first {args.window} steps' mean reward "
+                f"{'n/a' if first is None else f'{first:.3f}'} "
+                f"(start reward {start['start_reward']:.3f})"
+            )
             if not res[name]["reached_threshold"]:
-                log(f"{name} did not reach the threshold {args.threshold} within its caps")
+                log(f"{name} did not reach the threshold {threshold:.3f} within its caps")
     import torch
     import transformers
     import trl
 
     def ratio(a, b):
-        return round(a / b, 3) if a and b else None
+        return round(a / b, 3) if a is not None and b else None
 
     sw, tr = res["swarmrl"], res["trl"]
     b_ratio = ratio(tr["seconds_to_threshold"], sw["seconds_to_threshold"])
@@ -288,8 +364,14 @@ def main() -> None:
         "order": order,
         "config": {"file": args.config, **cfg.model_dump(mode="json")},
         "settings": {k: v for k, v in vars(args).items() if k not in ("config", "out")},
+        "start": {
+            **start,
+            "first_window_reward": {n: res[n].get("first_window_reward") for n in order},
+        },
         "threshold": {
-            "value": args.threshold,
+            "value": round(threshold, 4),
+            "rule": "start_reward + margin" if relative else "absolute (--threshold)",
+            "margin": args.margin if relative else None,
             "window": args.window,
             "metric": "mean over the last `window` steps of the step's mean reward over all samples",
         },
@@ -298,6 +380,7 @@ def main() -> None:
         "ratios": {
             "seconds_to_threshold_trl_over_swarmrl": b_ratio,
             "goal_swarmrl_1.5x_faster_to_threshold": None if b_ratio is None else b_ratio >= 1.5,
+            "startup_s_swarmrl_over_trl": ratio(sw.get("startup_s"), tr.get("startup_s")),
             **{
                 f"{k}_swarmrl_over_trl": ratio(sw.get(k), tr.get(k))
                 for k in ("e2e_tokens_per_s", "steady_tokens_per_s", "update_tokens_per_s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -68,12 +69,18 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init-model", help="build and warm-start the tiny built-in model")
     p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--sft-steps", type=int, default=300, help="warm-start steps (at most)")
     p.add_argument(
-        "--target-reward", type=float, default=0.0,
-        help="stop the warm start early at this greedy reward (0: run all --sft-steps)",
+        "--target", type=float, default=0.30,
+        help="centre of the band of sampled reward (at the run's temperature) to stop in",
     )  # fmt: skip
-    p.add_argument("--config", help="take the task settings (lengths, digits) from this run config")
+    p.add_argument("--tolerance", type=float, default=0.05, help="half-width of that band")
+    p.add_argument("--max-steps", type=int, default=3000, help="warm-start steps at most")
+    p.add_argument("--lr", type=float, default=2e-3, help="warm-start learning rate (AdamW)")
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch threads")
+    p.add_argument(
+        "--config",
+        help="take the task and sampling settings (lengths, temperature) from this run config",
+    )
     p.add_argument(
         "overrides", nargs="*", help="dotted overrides of that config, e.g. task.max_len=6"
     )
@@ -85,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--digits", type=int, default=3, help="addition: digits per operand")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--level", type=int, default=0, help="difficulty level of generated tasks (0: the start)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--config", help="take the task settings (lengths) from this run config")
     p.add_argument("overrides", nargs="*", help="dotted overrides of that config")
@@ -115,15 +125,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "init-model":
             _setup_logging()
             from swarmrl.models.tiny import init_model
+            from swarmrl.models.warm_start import Band
 
-            task = load_config(args.config, args.overrides).task.model_copy(
-                update={"name": args.task}
+            if not 0.0 < args.target < 1.0 or not 0.0 < args.tolerance < 0.5:
+                print("error: --target must be in (0, 1) and --tolerance in (0, 0.5)")
+                return 2
+            cfg = load_config(args.config, args.overrides)
+            task = cfg.task.model_copy(update={"name": args.task})
+            res = init_model(
+                task, cfg.sampling, args.out, band=Band(args.target, args.tolerance),
+                max_steps=args.max_steps, lr=args.lr, seed=args.seed, threads=args.threads,
+            )  # fmt: skip
+            where = "inside" if res.in_band else "OUTSIDE"
+            print(
+                f"{args.out}: starting sampled reward {res.sampled_reward:.3f} at temperature "
+                f"{res.temperature:g} ({where} the band {res.band[0]:.2f}-{res.band[1]:.2f}), "
+                f"{res.steps} warm-start steps, {res.seconds:.0f}s"
             )
-            target = None if args.target_reward <= 0 else args.target_reward
-            init_model(
-                task, args.out, sft_steps=args.sft_steps, target_reward=target, seed=args.seed
-            )
-            return 0
+            return 0 if res.in_band else 1
         if args.command == "eval":
             from swarmrl.evaluate import evaluate
 
@@ -136,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.n,
                 max_new,
                 threads=args.threads,
+                level=args.level,
             )
             if args.json:
                 print(json.dumps(res))

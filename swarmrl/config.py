@@ -138,6 +138,73 @@ class TrainerConfig(_Section):
     poll_s: float = Field(0.1, gt=0.0, le=60.0, description="Wait between store polls.")
 
 
+class CurriculumConfig(_Section):
+    """[curriculum]: task difficulty that keeps up with the policy (tasks/curriculum.py)."""
+
+    enabled: bool = Field(
+        True,
+        description="Adapt the task sampler to the policy: a difficulty level for generated "
+        "tasks, per-problem weights for file datasets (false: level start_level throughout).",
+    )
+    start_level: int = Field(0, ge=0, le=1000, description="Difficulty level of step 1.")
+    max_level: int = Field(
+        -1,
+        ge=-1,
+        le=1000,
+        description="Highest difficulty level; -1: the highest whose answers fit "
+        "sampling.max_new_tokens for a character-level model.",
+    )
+    window_groups: int = Field(
+        48,
+        ge=1,
+        le=100_000,
+        description="Groups of the current level (read since its last change) that a "
+        "level decision looks at.",
+    )
+    up_reward: float = Field(
+        0.7, ge=0.0, le=1.0, description="Level up when the window's mean reward reaches this."
+    )
+    down_reward: float = Field(
+        0.1, ge=0.0, le=1.0, description="Level down when the window's mean reward falls to this."
+    )
+    min_signal: float = Field(
+        0.3,
+        ge=0.0,
+        le=1.0,
+        description="Floor on the fraction of groups with signal (not all rewards equal): "
+        "below it the trainer warns and the level moves toward where signal is "
+        "(up if most groups were solved by every sample, down if most failed).",
+    )
+    history_groups: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="File datasets: a problem whose last this many groups were all solved "
+        "(or all failed) by every sample is down-weighted.",
+    )
+    mastered_weight: float = Field(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        description="File datasets: draw weight of a down-weighted problem (others: 1); "
+        "the floor that keeps every problem in reach.",
+    )
+
+    @model_validator(mode="after")
+    def _rewards(self) -> CurriculumConfig:
+        if self.down_reward >= self.up_reward:
+            raise ValueError(
+                f"curriculum.down_reward ({self.down_reward}) must be below "
+                f"curriculum.up_reward ({self.up_reward})"
+            )
+        if self.max_level != -1 and self.start_level > self.max_level:
+            raise ValueError(
+                f"curriculum.start_level ({self.start_level}) > curriculum.max_level "
+                f"({self.max_level})"
+            )
+        return self
+
+
 class LauncherConfig(_Section):
     """The local swarm started by `swarmrl rl`."""
 
@@ -255,6 +322,9 @@ class RunConfig(_Section):
     length_reward: LengthRewardConfig = Field(
         default_factory=LengthRewardConfig, description="Length reward."
     )
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig, description="Adaptive difficulty."
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling.")
     worker: WorkerConfig = Field(default_factory=WorkerConfig, description="Workers.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer.")
@@ -286,6 +356,7 @@ class RunConfig(_Section):
             "relays": d / "relays",
             "validator": d / "validator",
             "verdicts": d / "verdicts.jsonl",
+            "sampler": d / "sampler",
         }
 
 

@@ -1,8 +1,10 @@
 """`swarmrl eval`: greedy accuracy and mean reward on held-out problems.
 
-Greedy decoding (argmax) on the eval split. Accuracy counts completions with
-task reward 1.0 (exact reversal, exact sum); mean reward averages the task
-reward. Prompts are batched with left padding.
+Greedy decoding (argmax) on the eval split, at a fixed difficulty level of
+generated tasks (0 by default: the run's starting difficulty, whatever level
+the curriculum reached). Accuracy counts completions with task reward 1.0
+(exact reversal, exact sum); mean reward averages the task reward. Prompts are
+batched with left padding.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def evaluate(
     batch: int = 64,
     threads: int = 2,
     dtype: str = "float32",
+    level: int = 0,
 ) -> dict:
     import torch
 
@@ -63,7 +66,7 @@ def evaluate(
     tok = load_tokenizer(model_path)
     model = load_model(model_path, dtype)
     source = TaskSource(task_cfg, seed)
-    tasks = [source.get("eval", i) for i in range(n)]
+    tasks = [source.get("eval", i, level) for i in range(n)]
     scores = greedy_scores(model, tok, tasks, max_new_tokens, batch)
     rewards = [r for _, r in scores]
     samples = [
@@ -73,6 +76,7 @@ def evaluate(
     return {
         "model": model_path,
         "task": task_cfg.name,
+        "level": level,
         "n": n,
         "accuracy": sum(r == 1.0 for r in rewards) / n,
         "mean_reward": sum(rewards) / n,

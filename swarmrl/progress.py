@@ -1,7 +1,7 @@
 """What `swarmrl rl` shows while the swarm runs and when it ends.
 
 One status line per trainer step (rewritten in place on a terminal): step,
-reward, staleness, throughput, live workers, weights lag and, with
+reward, difficulty level, fraction of groups with signal, staleness, throughput, live workers, weights lag and, with
 validators, the verdicts: honest files accepted and cheaters' files rejected.
 The sources are files of the run directory: metrics.jsonl (trainer),
 weights_latency.jsonl (SHARDCAST clients) and verdicts.jsonl (validators);
@@ -110,7 +110,8 @@ class Progress:
             checked = f" | rejected {sum(r['rejected_files'] for r in rows)}"
         line = (
             f"step {last['step']}/{self.cfg.trainer.steps} | reward {last['reward']:.3f} "
-            f"(first {rows[0]['reward']:.3f}) | staleness {last['staleness']:.2f} | "
+            f"(first {rows[0]['reward']:.3f}) | level {last.get('level', 0)} | "
+            f"signal {last.get('signal_fraction', 1.0):.2f} | staleness {last['staleness']:.2f} | "
             f"{samples_s:.0f} samples/s | workers {alive_workers}/{self.cfg.launcher.workers}"
             f"{checked}{lag_s} | ETA {_fmt_s(eta)}"
         )
@@ -125,6 +126,69 @@ class Progress:
             print(flush=True)
 
 
+def samples_per_s(rows: list[dict], key: str = "samples") -> float:
+    """Samples trained on (or, key="samples_read", read) per second of trainer time,
+    over rows[1:] (rows[0] marks where the span starts)."""
+    if len(rows) < 2:
+        return 0.0
+    span = rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]
+    return sum(r[key] for r in rows[1:]) / max(span, 1e-9)
+
+
+def run_shape(cfg: RunConfig, rows: list[dict]) -> str:
+    """Difficulty reached, the cost per trained group, and throughput at start and end."""
+    top = max(r.get("level", 0) for r in rows)
+    need = cfg.trainer.batch_groups
+    worst = max(r.get("groups_read", need) for r in rows) / need
+    signal = sum(r.get("signal_fraction", 1.0) for r in rows) / len(rows)
+    text = (
+        f"highest difficulty level {top} | groups with signal {signal:.0%} on average, "
+        f"worst step read {worst:.1f}x the groups it trained on"
+    )
+    if len(rows) >= 42:
+        text += (
+            f" | trained samples/s, steps 2-21: {samples_per_s(rows[:21]):.0f}, "
+            f"last 20: {samples_per_s(rows[-21:]):.0f}"
+        )
+    return text
+
+
+def held_out(cfg: RunConfig, run: Path, n: int = 256) -> list[str]:
+    """Greedy held-out reward of the starting and the final policy at the starting
+    difficulty (and of the final one at the highest level reached); also written to
+    runs/<name>/eval.json."""
+    from swarmrl.evaluate import evaluate
+
+    rows = read_metrics(run / "metrics.jsonl")
+    final = run / "final"
+    if not rows or not final.exists() or cfg.task.dataset:
+        return []
+    start, top = cfg.curriculum.start_level, max(r.get("level", 0) for r in rows)
+    max_new = cfg.sampling.max_new_tokens
+    res = {
+        "start_model": evaluate(cfg.model.path, cfg.task, n, max_new, threads=2, level=start),
+        "final_model": evaluate(str(final), cfg.task, n, max_new, threads=2, level=start),
+    }
+    if top != start:
+        res["final_model_top_level"] = evaluate(
+            str(final), cfg.task, n, max_new, threads=2, level=top
+        )
+    for r in res.values():
+        r.pop("samples", None)
+    (run / "eval.json").write_text(json.dumps(res, indent=2) + "\n")
+    a, b = res["start_model"], res["final_model"]
+    out = [
+        f"held-out greedy reward at level {start} ({n} problems): start {a['mean_reward']:.3f} -> "
+        f"final {b['mean_reward']:.3f} (exact {a['accuracy']:.3f} -> {b['accuracy']:.3f})"
+    ]
+    if top != start:
+        c = res["final_model_top_level"]
+        out.append(
+            f"held-out greedy reward of the final policy at level {top}: {c['mean_reward']:.3f}"
+        )
+    return out
+
+
 def summary_lines(cfg: RunConfig, run: Path) -> list[str]:
     """The closing lines of a finished run."""
     out = []
@@ -137,6 +201,7 @@ def summary_lines(cfg: RunConfig, run: Path) -> list[str]:
             f"done in {rows[-1]['elapsed_s']:.0f}s: mean reward first {k} steps {first:.3f}, "
             f"last {k} steps {last:.3f} ({last - first:+.3f})"
         )
+        out.append(run_shape(cfg, rows))
     lag = weights_lag(run, last=1 << 30)
     if lag is not None:
         out.append(f"weights reached nodes {lag:.2f}s after publish on average")
@@ -146,5 +211,6 @@ def summary_lines(cfg: RunConfig, run: Path) -> list[str]:
         out.append(
             f"validation: {_verdict_text(run)}" + (f" (failed: {reasons})" if reasons else "")
         )
+    out.extend(held_out(cfg, run))
     out.append(f"metrics {run / 'metrics.jsonl'}, plot {run / 'report.png'}, model {run / 'final'}")
     return out

@@ -1,4 +1,5 @@
-"""`report.png`: reward, loss and staleness against step, from metrics.jsonl."""
+"""`report.png`: reward with the difficulty level, signal fraction, loss and
+staleness against step, from metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -22,15 +23,26 @@ def write_report(metrics_path: Path, out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
     axes[0].plot(steps, [r["reward"] for r in rows], label="reward")
     axes[0].plot(steps, [r["task_reward"] for r in rows], label="task reward", alpha=0.7)
-    axes[0].set_title("reward")
-    axes[0].legend()
-    axes[1].plot(steps, [r["loss"] for r in rows], color="tab:red")
-    axes[1].set_title("loss")
-    axes[2].plot(steps, [r["staleness"] for r in rows], color="tab:green")
-    axes[2].set_title("staleness (steps)")
+    axes[0].set_title("reward and difficulty level")
+    if "level" in rows[0]:
+        lv = axes[0].twinx()
+        lv.step(steps, [r["level"] for r in rows], where="post", color="tab:purple", alpha=0.8)
+        lv.set_ylabel("difficulty level", color="tab:purple")
+        lv.set_ylim(-0.5, max(r["level"] for r in rows) + 1.5)
+        lv.yaxis.get_major_locator().set_params(integer=True)
+        axes[0].plot([], [], color="tab:purple", label="level (right axis)")
+    axes[0].legend(loc="lower right", fontsize=8)
+    if "signal_fraction" in rows[0]:
+        axes[1].plot(steps, [r["signal_fraction"] for r in rows], color="tab:orange")
+        axes[1].set_ylim(0, 1.05)
+    axes[1].set_title("groups read with signal (fraction)")
+    axes[2].plot(steps, [r["loss"] for r in rows], color="tab:red")
+    axes[2].set_title("loss")
+    axes[3].plot(steps, [r["staleness"] for r in rows], color="tab:green")
+    axes[3].set_title("staleness (steps)")
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -1,10 +1,11 @@
 """What an assignment fixes, derived the same way by the worker and the validator.
 
 From the assignment seed (itself derived from run seed, node key, step and
-counter, protocol/assign.py): which problems the file holds, the thinking
-budget of each, the exact prompt tokens, and the sampling seed of every
-sample. A worker cannot choose any of these; a validator recomputes them and
-compares.
+counter, protocol/assign.py) and the sampler state the trainer issued for the
+step (tasks/curriculum.py: difficulty level, down-weighted problems): which
+problems the file holds, the thinking budget of each, the exact prompt tokens,
+and the sampling seed of every sample. A worker cannot choose any of these; a
+validator recomputes them and compares.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from swarmrl.config import RunConfig
 from swarmrl.models.prompting import encode_prompt, prompt_text
-from swarmrl.protocol.assign import prompt_indices
+from swarmrl.tasks.curriculum import SamplerState, draw_indices
 from swarmrl.tasks.dataset import TaskSource
 from swarmrl.tasks.schema import Task
 from swarmrl.toploc.sampling import sample_seed
@@ -30,14 +31,15 @@ class AssignedPrompt:
 
 
 def assigned_prompts(
-    cfg: RunConfig, source: TaskSource, tokenizer, assignment_seed: int
+    cfg: RunConfig, source: TaskSource, tokenizer, assignment_seed: int, state: SamplerState
 ) -> list[AssignedPrompt]:
     """The prompt groups of one file, in file order."""
     lr = cfg.length_reward
     rng = random.Random(assignment_seed)
     out = []
-    for g, index in enumerate(prompt_indices(assignment_seed, cfg.worker.groups_per_file)):
-        task = source.get("train", index)
+    count = cfg.worker.groups_per_file
+    for g, index in enumerate(draw_indices(assignment_seed, count, state, source.n_records)):
+        task = source.get("train", index, state.level)
         target = rng.choice(lr.targets) if lr.mode != "none" else 0
         text = prompt_text(task.prompt, target)
         seeds = [sample_seed(assignment_seed, g, j) for j in range(cfg.worker.group_size)]

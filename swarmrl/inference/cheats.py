@@ -18,6 +18,8 @@ by that one thing:
 - truncate: cuts completions short (the end-of-sequence token included) and
   proves and scores the shortened ones honestly;
 - wrong-prompts: answers problems other than the assigned ones;
+- easy-level: answers problems of the easiest difficulty level (and no
+  down-weighting of mastered problems) instead of the issued sampler state;
 - replay: uploads another node's newest file under its own names.
 
 These are test fixtures of the validator, not part of an honest run.
@@ -30,6 +32,7 @@ import torch
 from swarmrl.inference.assigned import AssignedPrompt, assigned_prompts
 from swarmrl.inference.backend import Completion, HFBackend
 from swarmrl.inference.worker import Honest, score_row
+from swarmrl.tasks.curriculum import SamplerState
 from swarmrl.toploc.proof import build_proofs_many
 
 SYSTEM_LINE = "You are a careful assistant.\n"
@@ -156,7 +159,14 @@ class WrongPrompts(Honest):
     name = "wrong-prompts"
 
     def plan(self, cfg, source, tokenizer, a):
-        return assigned_prompts(cfg, source, tokenizer, a.seed + 1)
+        return assigned_prompts(cfg, source, tokenizer, a.seed + 1, a.sampler or SamplerState())
+
+
+class EasyLevel(Honest):
+    name = "easy-level"
+
+    def plan(self, cfg, source, tokenizer, a):
+        return assigned_prompts(cfg, source, tokenizer, a.seed, SamplerState())
 
 
 class Replay(Honest):
@@ -189,6 +199,7 @@ CHEATS = {
         WrongSeed,
         Truncate,
         WrongPrompts,
+        EasyLevel,
         Replay,
     )
 }

@@ -26,6 +26,7 @@ from swarmrl.protocol.assign import Assignment, LocalAssigner, rollout_key
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.source import open_weights_source
+from swarmrl.tasks.curriculum import SamplerState
 from swarmrl.tasks.dataset import TaskSource
 from swarmrl.tasks.length import length_penalty
 from swarmrl.tasks.verifiers import verify
@@ -43,7 +44,7 @@ class Honest:
         """Called after every weights load."""
 
     def plan(self, cfg: RunConfig, source, tokenizer, a: Assignment) -> list[AssignedPrompt]:
-        return assigned_prompts(cfg, source, tokenizer, a.seed)
+        return assigned_prompts(cfg, source, tokenizer, a.seed, a.sampler or SamplerState())
 
     def complete(self, cfg: RunConfig, backend, plan: list[AssignedPrompt]) -> list[Completion]:
         """One completion per sample, flat, group after group."""

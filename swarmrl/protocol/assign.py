@@ -12,6 +12,8 @@ collecting for) and the newest policy version:
 
 Seed material and prompt indices are derived by hashing (run seed, node, step,
 counter), so they are reproducible by a validator and not chosen by a worker.
+The assignment also carries the sampler state the trainer issued for its step
+(tasks/curriculum.py), read from the same status file as the step itself.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swarmrl.tasks.curriculum import SamplerState
 
 ROLLOUT_KEY = re.compile(
     r"^rollouts/step_(?P<step>\d+)/(?P<node>[0-9a-f]+)-(?P<counter>\d+)-p(?P<policy>\d+)-g(?P<groups>\d+)\.parquet$"
@@ -33,15 +39,12 @@ class Assignment:
     policy_step: int
     seed: int
     counter: int
+    sampler: SamplerState | None = None  # None: the default state (level 0, no weights)
 
 
 def derive_seed(*parts: object) -> int:
     digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
-
-
-def prompt_indices(seed: int, count: int) -> list[int]:
-    return [derive_seed(seed, "prompt", i) % (1 << 40) for i in range(count)]
 
 
 def rollout_key(a: Assignment, node: str, groups: int) -> str:
@@ -100,6 +103,11 @@ class LocalAssigner:
                 pending += info["groups"]
         if pending >= self.max_pending_groups:
             return "enough-pending"
+        from swarmrl.tasks.curriculum import SamplerState
+
+        sampler = SamplerState.from_json(status.get("sampler", {}))
         self.counter += 1
         seed = derive_seed(self.run_seed, node, step, self.counter)
-        return Assignment(step=step, policy_step=policy_version, seed=seed, counter=self.counter)
+        return Assignment(
+            step=step, policy_step=policy_version, seed=seed, counter=self.counter, sampler=sampler
+        )

@@ -1,8 +1,10 @@
 """Where problems come from: generated from the seed, or read from a file.
 
-A `TaskSource` maps (split, index) to a Task. Generated sources are infinite;
-file sources (parquet or JSONL of task records) wrap indices modulo their size,
-and use every record for both splits (a file is the user's choice of problems).
+A `TaskSource` maps (split, index, level) to a Task. Generated sources are
+infinite and take the curriculum's difficulty level; file sources (parquet or
+JSONL of task records) wrap indices modulo their size, ignore the level (the
+curriculum weights their problems instead), and use every record for both
+splits (a file is the user's choice of problems).
 """
 
 from __future__ import annotations
@@ -24,10 +26,24 @@ class TaskSource:
         if cfg.dataset:
             self.records = load_task_file(Path(cfg.dataset))
 
-    def get(self, split: str, index: int) -> Task:
+    @property
+    def n_records(self) -> int | None:
+        """Records of a file source; None for a generated one."""
+        return None if self.records is None else len(self.records)
+
+    def problem_index(self) -> dict[str, list[int]] | None:
+        """Problem id -> record indices of a file source (None for a generated one)."""
+        if self.records is None:
+            return None
+        out: dict[str, list[int]] = {}
+        for i, t in enumerate(self.records):
+            out.setdefault(t.problem_id, []).append(i)
+        return out
+
+    def get(self, split: str, index: int, level: int = 0) -> Task:
         if self.records is not None:
             return self.records[index % len(self.records)]
-        return GENERATORS[self.cfg.name](self.cfg, split, index, self.seed)
+        return GENERATORS[self.cfg.name](self.cfg, split, index, self.seed, level)
 
 
 def load_task_file(path: Path) -> list[Task]:

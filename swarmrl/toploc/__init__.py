@@ -1,7 +1,13 @@
-"""TOPLOC proofs (issue 4, in progress).
+"""TOPLOC: proofs of the computation behind every rollout, and their checks.
 
-Done: the proof format and arithmetic (poly.py, proof.py), matching
-../shared/TOPLOC.md byte for byte. Not yet: capturing hidden states during
-generation, Gumbel-max sampling and its check, the validator; rollout files
-still carry an empty `proofs` column.
+- poly.py: polynomial arithmetic over GF(65497), vectorised with numpy;
+- proof.py: building and checking chunk proofs of final-norm hidden states,
+  byte for byte the format of ../shared/TOPLOC.md (32 positions per chunk,
+  top-128, 258 bytes), for many samples at once;
+- sampling.py: seeded Gumbel-max sampling (counter-based noise, the same on
+  every device and batch) and the validator's token-by-token check of it,
+  with a near-tie tolerance.
+
+Workers build proofs while generating (inference/backend.py); validators
+check them after one prefill (validator/checks.py).
 """

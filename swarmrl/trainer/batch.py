@@ -17,6 +17,10 @@ a run whose pending files held too few groups with signal); the trainer
 deletes it once the step's version is published, and a resumed trainer moves
 back any consumed file its last published step did not use.
 
+Every group read is also reported as a `GroupOutcome` (its file's step and
+problem, every sample's reward), dropped ones included: the curriculum
+(tasks/curriculum.py) learns from these what the policy has mastered.
+
 Two rewards are reported: `reward_all` averages every sample read for this
 step (the sampling policy's real performance), `reward` in the batch only the
 groups trained on (biased: solved and failed groups are filtered out).
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 
 from swarmrl.inference.rollouts import Limits, RolloutFileError, read_rollouts
 from swarmrl.protocol.assign import parse_rollout_key
+from swarmrl.tasks.curriculum import GroupOutcome
 from swarmrl.trainer.advantages import group_advantages, has_signal
 from swarmrl.validator.checks import sha256
 from swarmrl.validator.record import read_verdict, verdict_key
@@ -63,6 +68,7 @@ class Batch:
     stale_files: int = 0
     dropped_groups: int = 0
     wait_s: float = 0.0
+    outcomes: list[GroupOutcome] = field(default_factory=list)  # every group read, in order
 
 
 def consumed_key(key: str) -> str:
@@ -227,9 +233,13 @@ class BatchCollector:
             by_group.setdefault(r["group"], []).append(r)
         for group_rows in by_group.values():
             rewards = [r["reward"] for r in group_rows]
+            task_rewards = [r["task_reward"] for r in group_rows]
             batch.read_samples += len(rewards)
             batch.read_reward_sum += sum(rewards)
-            batch.read_task_reward_sum += sum(r["task_reward"] for r in group_rows)
+            batch.read_task_reward_sum += sum(task_rewards)
+            batch.outcomes.append(
+                GroupOutcome(info["step"], group_rows[0]["problem_id"], rewards, task_rewards)
+            )
             if not has_signal(rewards):
                 batch.dropped_groups += 1
                 continue

@@ -2,11 +2,15 @@
 
 Order of writes for step n, chosen so a crash anywhere loses and repeats
 nothing:
-1. status says "collecting n"; the batch is collected;
-2. status says "collecting n+1" (workers start on the next step while this
-   one trains: this is where inference and training overlap);
+1. the sampler state of step n goes to sampler/step_n.json (validators read
+   it there), then status says "collecting n" with the same state (workers
+   read it there); the batch is collected;
+2. the curriculum sees every group read, and the state of step n+1 is issued
+   the same way: status says "collecting n+1" (workers start on the next step
+   while this one trains: this is where inference and training overlap);
 3. update; append the metrics row for n;
-4. save trainer state n (optimizer, consumed rollout keys, elapsed time);
+4. save trainer state n (optimizer, consumed rollout keys, curriculum,
+   elapsed time);
 5. publish version n (manifest last) — the commit point;
 6. delete the consumed rollout files.
 Steps 5 and 6 run on the publisher's background thread (shardcast/origin.py)
@@ -37,6 +41,8 @@ from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.manifest import ManifestError, write_json_atomic
 from swarmrl.shardcast.origin import Origin, Publisher
+from swarmrl.tasks.curriculum import SamplerStates, run_curriculum
+from swarmrl.tasks.dataset import TaskSource
 from swarmrl.trainer.batch import BatchCollector, Sample, delete_consumed, restore_unpublished
 from swarmrl.trainer.step import grpo_update
 
@@ -47,8 +53,18 @@ def _state_path(paths: dict, step: int) -> Path:
     return paths["trainer_state"] / f"step_{step:06d}.pt"
 
 
-def _write_status(paths: dict, step: int, done: bool = False) -> None:
-    write_json_atomic(paths["status"], {"step": step, "done": done, "time": time.time()})
+def _write_status(paths: dict, step: int, done: bool = False, sampler=None) -> None:
+    status = {"step": step, "done": done, "time": time.time()}
+    if sampler is not None:
+        status["sampler"] = sampler.to_json()
+    write_json_atomic(paths["status"], status)
+
+
+def _open_step(paths: dict, states: SamplerStates, curriculum, step: int, keep: int) -> None:
+    """Issue the sampler state of `step`: the per-step record first, then the status."""
+    state = curriculum.issue(step)
+    states.write(step, state, keep_from=step - keep)
+    _write_status(paths, step, sampler=state)
 
 
 def _truncate_metrics(path: Path, last_step: int) -> None:
@@ -131,6 +147,9 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
     pad_id = tokenizer.pad_token_id
 
     start, elapsed0, opt_state, carry, taken = 1, 0.0, None, [], {}
+    curriculum = run_curriculum(cfg, TaskSource(cfg.task, cfg.seed))
+    states = SamplerStates(paths["sampler"])
+    keep_states = 2 * cfg.async_level + 4  # steps whose files may still be judged
     resumable = [v for v in weights.versions() if v == 0 or _state_path(paths, v).exists()]
     verified = None
     while resume and resumable and verified is None:
@@ -147,6 +166,8 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             opt_state, elapsed0 = state["optimizer"], state["elapsed_s"]
             carry = [[Sample(**x) for x in group] for group in state["carry"]]
             taken = state.get("taken", {})
+            if "curriculum" in state:
+                curriculum.load_dict(state["curriculum"])
             delete_consumed(store, state["consumed"])
         moved = restore_unpublished(store)
         if moved:
@@ -159,6 +180,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             log.info("--resume given but no complete version exists; starting fresh")
         model = load_model(cfg.model.path, cfg.model.dtype)
         paths["metrics"].unlink(missing_ok=True)
+        shutil.rmtree(paths["sampler"], ignore_errors=True)
         if 0 not in weights.versions():
             _publish(publisher, model, tokenizer, 0)
     ref_model = None
@@ -188,10 +210,13 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
     collector.taken = taken
     t_start = time.time() - elapsed0
 
+    min_signal = cfg.curriculum.min_signal
     for step in range(start, cfg.trainer.steps + 1):
-        _write_status(paths, step)
+        _open_step(paths, states, curriculum, step, keep_states)
+        level = curriculum.issued[step]
         batch = collector.collect(step, cfg.trainer.batch_groups)
-        _write_status(paths, step + 1)
+        curriculum.observe(step, batch.outcomes)
+        _open_step(paths, states, curriculum, step + 1, keep_states)
         t0 = time.time()
         stats = grpo_update(model, ref_model, optimizer, batch.samples, cfg.trainer, budget, pad_id)
         train_s = time.time() - t0
@@ -199,6 +224,13 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         seq_tokens = sum(len(s.prompt_tokens) + len(s.completion_tokens) for s in batch.samples)
         trained_reward = sum(s.reward for s in batch.samples) / n
         read = batch.read_samples
+        outcomes = batch.outcomes
+        signal = sum(o.signal for o in outcomes) / len(outcomes) if outcomes else 1.0
+        if outcomes and signal < min_signal:
+            log.warning(
+                "step %d: only %.0f%% of the %d groups read carried signal (floor %.0f%%)",
+                step, 100 * signal, len(outcomes), 100 * min_signal,
+            )  # fmt: skip
         row = {
             "step": step,
             "reward": batch.read_reward_sum / read if read else trained_reward,
@@ -219,6 +251,13 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             "rejected_files": batch.rejected_files,
             "stale_files": batch.stale_files,
             "dropped_groups": batch.dropped_groups,
+            "groups_read": len(outcomes),
+            "samples_read": read,
+            "signal_fraction": signal,
+            "solved_groups": sum(o.solved for o in outcomes),
+            "failed_groups": sum(o.failed for o in outcomes),
+            "level": level,
+            "next_level": curriculum.issued[step + 1],
             "stale_groups": batch.stale_groups,
             "carried_groups": len(collector.carry),
             "wait_s": batch.wait_s,
@@ -236,6 +275,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
                 "consumed": batch.consumed,
                 "carry": [[asdict(x) for x in group] for group in collector.carry],
                 "taken": collector.taken,
+                "curriculum": curriculum.to_dict(),
                 "elapsed_s": row["elapsed_s"],
             },
             tmp,
@@ -250,14 +290,17 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
 
         _publish(publisher, model, tokenizer, step, after_publish)
         log.info(
-            "step %d reward %.3f loss %.4f grad %.3f staleness %.2f samples %d dropped %d wait %.1fs train %.1fs",
+            "step %d level %d reward %.3f loss %.4f grad %.3f staleness %.2f samples %d "
+            "dropped %d signal %.2f wait %.1fs train %.1fs",
             step,
+            level,
             row["reward"],
             row["loss"],
             row["grad_norm"],
             row["staleness"],
             n,
             batch.dropped_groups,
+            signal,
             batch.wait_s,
             train_s,
         )
@@ -267,7 +310,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
     if final.exists():
         shutil.rmtree(final)
     shutil.copytree(weights.path(weights.newest()), final)
-    _write_status(paths, cfg.trainer.steps + 1, done=True)
+    _write_status(paths, cfg.trainer.steps + 1, done=True, sampler=curriculum.state())
     from swarmrl.report import write_report
 
     write_report(paths["metrics"], paths["run"] / "report.png")

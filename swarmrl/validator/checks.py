@@ -7,8 +7,10 @@
 3. replay: a file whose sha256 was already judged, or a second file for the
    same (node, step, counter), is rejected (the ledger, validator/ledger.py);
 4. assignment: the problems, thinking budgets, prompt tokens and sampling
-   seeds are recomputed from (run seed, node, step, counter), and the
-   temperature from the config;
+   seeds are recomputed from (run seed, node, step, counter) and the sampler
+   state the trainer issued for the step (difficulty level, down-weighted
+   problems; a step with no issued state fails closed), and the temperature
+   from the config;
 5. termination: a completion ends on its first end-of-sequence token or at
    the length limit; anything shorter is a truncation;
 6. rewards: the validator decodes the tokens itself, re-scores with the
@@ -43,6 +45,7 @@ from swarmrl.inference.assigned import assigned_prompts
 from swarmrl.inference.rollouts import Limits, RolloutFileError, read_rollouts
 from swarmrl.models.prompting import decode_completion
 from swarmrl.protocol.assign import derive_seed, parse_rollout_key
+from swarmrl.tasks.curriculum import SamplerStateError, SamplerStates
 from swarmrl.tasks.length import length_penalty
 from swarmrl.tasks.verifiers import verify
 from swarmrl.toploc.proof import Thresholds, check_proofs_many, split_proofs
@@ -95,6 +98,7 @@ class Context:
     hidden_size: int
     max_batch_tokens: int = 16384
     max_prompt_tokens: int = 4096
+    sampler_states: SamplerStates | None = None  # None: the run's runs/<name>/sampler/
 
     def limits(self) -> Limits:
         return Limits(
@@ -146,7 +150,15 @@ def _where(rows: list[dict], name: str, want) -> list[int]:
 def _check_assignment(ctx: Context, info: dict, rows: list[dict]) -> list:
     cfg = ctx.cfg
     seed = derive_seed(cfg.seed, info["node"], info["step"], info["counter"])
-    plan = assigned_prompts(cfg, ctx.source, ctx.tokenizer, seed)
+    states = ctx.sampler_states or SamplerStates(cfg.run_paths()["sampler"])
+    try:
+        state = states.read(info["step"])
+    except (SamplerStateError, ValueError) as e:  # fail closed: judged as unassigned
+        msg = f"the sampler state of step {info['step']} is unreadable: {e}"
+        raise Reject("assignment", msg) from None
+    if state is None:
+        raise Reject("assignment", f"no sampler state was issued for step {info['step']}")
+    plan = assigned_prompts(cfg, ctx.source, ctx.tokenizer, seed, state)
     groups = sorted({r["group"] for r in rows})
     if groups != list(range(len(plan))):
         raise Reject("assignment", f"file holds groups {groups[:10]}, assigned {len(plan)}")

@@ -18,8 +18,8 @@ TINY = ROOT / "models" / "tiny-reverse_text"
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    """The same cached model `make run` uses; built on first use (about 1-2 minutes)."""
-    if not (TINY / "manifest.json").exists():
+    """The same cached model `make run` uses, built the same way on first use (1-3 minutes)."""
+    if not (TINY / "warm_start.json").exists():
         subprocess.run(
             [
                 sys.executable,
@@ -30,6 +30,8 @@ def tiny_model() -> Path:
                 "reverse_text",
                 "--out",
                 str(TINY),
+                "--config",
+                str(ROOT / "configs" / "tiny.toml"),
             ],
             check=True,
             cwd=ROOT,

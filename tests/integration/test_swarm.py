@@ -62,11 +62,15 @@ def _assert_weights_came_through_the_relay(run, steps):
     assert all(0 <= r["latency_s"] < 30 for r in rows)
 
 
+# a curriculum that moves within a few steps: up at the warm start's reward level
+QUICK_LEVELS = ("curriculum.up_reward=0.3", "curriculum.window_groups=8")
+
+
 def test_trainer_killed_then_resumed_loses_and_repeats_nothing(tiny_model, tmp_path):
     steps = 8
     run = tmp_path / "runs" / "tiny"
     proc = subprocess.Popen(
-        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}"),
+        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}", *QUICK_LEVELS),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -81,17 +85,23 @@ def test_trainer_killed_then_resumed_loses_and_repeats_nothing(tiny_model, tmp_p
     assert proc.returncode != 0
     assert "process 'trainer' failed" in err
     assert pid_of(run, "worker") is None, "workers were left running"
-    done_before = len(read_metrics(run))
+    before = read_metrics(run)
+    done_before = len(before)
     assert 3 <= done_before < steps
     res = subprocess.run(
-        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}", resume=True),
+        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}", *QUICK_LEVELS, resume=True),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert _steps(read_metrics(run)) == list(range(1, steps + 1))  # none lost, none repeated
+    after = read_metrics(run)
+    assert _steps(after) == list(range(1, steps + 1))  # none lost, none repeated
     assert "resuming after version" in (run / "logs" / "trainer.log").read_text()
+    # the curriculum continued: the first resumed step has the level the checkpoint issued
+    resumed = after[done_before]
+    assert before[-1]["next_level"] >= 1, "the quick curriculum should have moved by step 3"
+    assert resumed["level"] == before[-1]["next_level"], (before[-1], resumed)
 
 
 def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
@@ -122,6 +132,34 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
     # the validator judged it (the trainer takes only files with a verdict)
     assert "REJECTED rollouts/step_000003" in (run / "logs" / "validator-0.log").read_text()
     assert "exited with code -9; restarting" in out
+
+
+def test_difficulty_rises_and_signal_stays_above_the_floor(tiny_model, tmp_path):
+    """A short run with a curriculum that must move: the level rises, the validator
+    accepts every honest file at the new levels (prompts recomputed from the issued
+    state), and groups with signal stay above the floor, so no step reads more than
+    4x the groups it trains on."""
+    import json
+
+    steps = 24
+    res = subprocess.run(
+        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}", "curriculum.up_reward=0.4",
+                  "curriculum.window_groups=16"),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = tmp_path / "runs" / "tiny"
+    rows = read_metrics(run)
+    assert _steps(rows) == list(range(1, steps + 1))
+    assert rows[0]["level"] == 0 and max(r["level"] for r in rows) >= 1, [r["level"] for r in rows]
+    verdicts = [json.loads(x) for x in (run / "verdicts.jsonl").read_text().splitlines()]
+    assert verdicts and all(v["accepted"] for v in verdicts)
+    leveled = [json.loads(p.read_text())["level"] for p in (run / "sampler").glob("step_*.json")]
+    assert max(leveled) >= 1
+    signal = sum(r["signal_fraction"] for r in rows) / len(rows)
+    assert signal >= 0.3, [round(r["signal_fraction"], 2) for r in rows]
+    assert all(r["groups_read"] <= 4 * 16 for r in rows), [r["groups_read"] for r in rows]
+    assert "highest difficulty level" in res.stdout and "held-out greedy reward" in res.stdout
 
 
 @pytest.mark.slow
@@ -167,7 +205,8 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
     from swarmrl.inference.cheats import CHEATS
 
     steps = 6
-    cmd = swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}")
+    # level 1 from the start, so that the easy-level cheater's level-0 prompts are a cheat
+    cmd = swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}", "curriculum.start_level=1")
     cmd[4:4] = ["--cheaters", str(len(CHEATS)), "--cheats", ",".join(CHEATS)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

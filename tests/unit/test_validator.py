@@ -11,6 +11,7 @@ import torch
 
 from swarmrl.inference.cheats import OtherModel, make_cheat
 from swarmrl.inference.rollouts import SCHEMA, read_rollouts, write_rollouts
+from swarmrl.tasks.curriculum import SamplerState, SamplerStates
 from swarmrl.validator.checks import Reject, check_with_model, check_without_model
 from tests.unit.validator_util import Maker, make_judge, small_run
 
@@ -198,3 +199,26 @@ def _judge_at(judge, key, data, trainer_step):
     v = judge.judge(key, data, trainer_step)
     assert v is not None
     return v
+
+
+def test_the_issued_difficulty_is_enforced(random_model_dir, tmp_path):
+    """Prompts come from the sampler state the trainer issued for the file's step: an
+    honest file at level 3 passes, a worker that picks the easiest level is caught by
+    the assignment check, and a step with no issued state fails closed."""
+    cfg = small_run(tmp_path, random_model_dir)
+    judge = make_judge(cfg, tmp_path / "j")
+    maker = Maker(cfg, tmp_path, name="leveled", state=SamplerState(level=3))
+    key, data = maker.file(step=1)
+    v = _judge(judge, key, data)
+    assert v.accepted, (v.check, v.reason)
+    assert all("/L3/" in r["problem_id"] for r in read_rollouts(data))
+    key, data = maker.file(make_cheat("easy-level"), step=2)
+    v = _judge(judge, key, data)
+    assert not v.accepted and v.check == "assignment", (v.check, v.reason)
+    key, data = maker.file(step=4)
+    SamplerStates(cfg.run_paths()["sampler"]).path(4).unlink()
+    v = _judge(judge, key, data)
+    assert not v.accepted and v.check == "assignment" and "no sampler state" in v.reason
+    SamplerStates(cfg.run_paths()["sampler"]).path(4).write_text('{"level": "hard"}')
+    v = _judge(judge, key, data)
+    assert not v.accepted and v.check == "assignment" and "unreadable" in v.reason

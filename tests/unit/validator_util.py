@@ -12,6 +12,7 @@ from swarmrl.inference.worker import build_rows
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.assign import Assignment, derive_seed, rollout_key
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+from swarmrl.tasks.curriculum import SamplerState, SamplerStates
 from swarmrl.tasks.dataset import TaskSource
 from swarmrl.validator.loop import Judge
 from swarmrl.validator.record import Ledger
@@ -50,10 +51,13 @@ def small_run(tmp: Path, model: Path, *overrides: str):
 
 
 class Maker:
-    """Writes rollout files as a worker node would, honest or with a cheat."""
+    """Writes rollout files as a worker node would, honest or with a cheat. `state` is
+    the sampler state issued for every step (recorded where validators read it, as
+    the trainer does)."""
 
-    def __init__(self, cfg, tmp: Path, name: str = "node", max_batch: int = 256):
+    def __init__(self, cfg, tmp: Path, name: str = "node", max_batch: int = 256, state=None):
         self.cfg = cfg
+        self.state = state or SamplerState()
         self.node = public_key_hex(load_or_create_key(tmp / "keys" / f"{name}.key"))
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.source = TaskSource(cfg.task, cfg.seed)
@@ -64,7 +68,10 @@ class Maker:
     def file(self, how=None, step: int = 1) -> tuple[str, bytes]:
         self.counter += 1
         seed = derive_seed(self.cfg.seed, self.node, step, self.counter)
-        a = Assignment(step=step, policy_step=0, seed=seed, counter=self.counter)
+        a = Assignment(
+            step=step, policy_step=0, seed=seed, counter=self.counter, sampler=self.state
+        )
+        SamplerStates(self.cfg.run_paths()["sampler"]).write(step, self.state, keep_from=0)
         if how is not None:
             how.after_load(self.backend)
         rows = build_rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node, how)

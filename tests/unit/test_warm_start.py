@@ -1,0 +1,55 @@
+"""The warm start stops on a measurement: the band is reached, and a sharp rise cannot jump it."""
+
+from __future__ import annotations
+
+import torch
+
+from swarmrl.config import SamplingConfig, TaskConfig
+from swarmrl.models import warm_start as ws
+from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
+
+
+def _distance_from(model, start: dict[str, torch.Tensor]) -> float:
+    return sum(float((p - start[k]).norm()) for k, p in model.state_dict().items())
+
+
+def test_a_sharp_transition_is_caught_inside_the_band(monkeypatch):
+    """A measurement that jumps from 0.05 to 0.95 over a short stretch of weight-space
+    distance (far sharper than the real curve): the first checks overshoot, the warm
+    start backs off with smaller steps, and it still ends inside the band."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden=32, layers=1, seed=3)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    checks = []
+
+    def sharp(backend, *args, **kwargs):
+        d = _distance_from(backend.model, start)
+        r = 0.05 + 0.9 * float(torch.sigmoid(torch.tensor((d - 1.2) / 0.02)))
+        checks.append((d, r))
+        return r
+
+    monkeypatch.setattr(ws, "sampled_reward", sharp)
+    band = ws.Band(0.30, 0.05)
+    res = ws.warm_start(
+        model, tok, TaskConfig(), SamplingConfig(max_new_tokens=8), band,
+        max_steps=400, batch=8, lr=2e-3, check_every=4, coarse_every=4, max_restarts=12,
+    )  # fmt: skip
+    assert res.restarts >= 1, "the fake transition should have been overshot at least once"
+    assert res.in_band and band.center <= res.sampled_reward <= band.hi, res
+    # the model kept is the one measured: measuring it again gives the recorded reward
+    assert abs(sharp(ws._backend_for(model)) - res.sampled_reward) < 1e-3
+    assert any(h["lr"] < 2e-3 for h in res.history)
+
+
+def test_the_real_measurement_is_the_sampled_reward_at_the_run_temperature():
+    """sampled_reward is deterministic for fixed weights and seeds, and it moves with
+    the temperature (a random model: near 0 reward, but not the same number)."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden=32, layers=1, seed=3).eval()
+    backend = ws._backend_for(model)
+    task = TaskConfig()
+    a = ws.sampled_reward(backend, tok, task, SamplingConfig(max_new_tokens=8), 8, 2, seed=0)
+    b = ws.sampled_reward(backend, tok, task, SamplingConfig(max_new_tokens=8), 8, 2, seed=0)
+    cold = SamplingConfig(max_new_tokens=8, temperature=0.1)
+    c = ws.sampled_reward(backend, tok, task, cold, 8, 2, seed=0)
+    assert a == b and 0.0 <= a <= 1.0 and c != a
