@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -c constraints.txt
 STAMP := $(VENV)/.installed
 TINY := models/tiny-reverse_text
+INIT_ARGS ?=  # e.g. INIT_ARGS="--threads 1 --seed 1" for the warm start
 
 .PHONY: run test test-all lint bench venv clean
 
@@ -20,7 +21,7 @@ venv: $(STAMP)
 # The warm start stops when the sampled reward at the run's temperature is in a band
 # (0.30 +- 0.05): the same starting point on any machine, thread count or seed.
 $(TINY)/warm_start.json: $(STAMP)
-	$(BIN)/swarmrl init-model --task reverse_text --out $(TINY) --config configs/tiny.toml
+	$(BIN)/swarmrl init-model --task reverse_text --out $(TINY) --config configs/tiny.toml $(INIT_ARGS)
 
 run: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/swarmrl rl --config configs/tiny.toml --fresh

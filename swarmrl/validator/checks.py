@@ -243,7 +243,9 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
         finite = [b for b in batch if _finite(b[1], b[2])]
         not_finite += [b[0] for b in batch if not _finite(b[1], b[2])]
         checks = check_proofs_many(
-            [rows[j]["proofs"] for j, _, _ in finite], [h for _, h, _ in finite]
+            [rows[j]["proofs"] for j, _, _ in finite],
+            [h for _, h, _ in finite],
+            thresholds=ctx.thresholds,
         )
         for (j, _, logits), cs in zip(finite, checks, strict=True):
             if not all(c.accepted for c in cs):

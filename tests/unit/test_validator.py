@@ -222,3 +222,21 @@ def test_the_issued_difficulty_is_enforced(random_model_dir, tmp_path):
     SamplerStates(cfg.run_paths()["sampler"]).path(4).write_text('{"level": "hard"}')
     v = _judge(judge, key, data)
     assert not v.accepted and v.check == "assignment" and "unreadable" in v.reason
+
+
+def test_configured_proof_thresholds_are_applied(setup):
+    """validator.max_mantissa_* reach the TOPLOC check: with a zero mantissa allowance
+    the bfloat16-rounded policy, which passes the published thresholds, fails its proofs."""
+    from swarmrl.toploc.proof import Thresholds
+
+    cfg, tmp, judge, maker = setup
+    key, data = maker.file(make_cheat("low-precision"))
+    info, rows = check_without_model(judge.ctx, key, data)
+    assert judge.ensure_policy(0)
+    published, judge.ctx.thresholds = judge.ctx.thresholds, Thresholds(38, 0.0, 0.0)
+    try:
+        with pytest.raises(Reject) as e:
+            check_with_model(judge.ctx, judge.backend, rows)
+        assert e.value.check == "proof"
+    finally:
+        judge.ctx.thresholds = published

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 import torch
 
 from swarmrl.config import SamplingConfig, TaskConfig
 from swarmrl.models import warm_start as ws
 from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _distance_from(model, start: dict[str, torch.Tensor]) -> float:
@@ -53,3 +59,29 @@ def test_the_real_measurement_is_the_sampled_reward_at_the_run_temperature():
     cold = SamplingConfig(max_new_tokens=8, temperature=0.1)
     c = ws.sampled_reward(backend, tok, task, cold, 8, 2, seed=0)
     assert a == b and 0.0 <= a <= 1.0 and c != a
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads,seed", [(1, 0), (2, 0), (1, 1), (2, 1)])
+def test_the_real_warm_start_lands_in_the_band(tmp_path, threads, seed):
+    """The default run's warm start, as `make run` builds it, with 1 and 2 threads and two
+    seeds: the sampled reward it records is inside the band, and measuring the saved
+    model again gives the same number (a few minutes each)."""
+    from swarmrl.config import load_config
+    from swarmrl.inference.backend import HFBackend
+    from swarmrl.models.loading import load_tokenizer
+    from swarmrl.models.tiny import init_model
+
+    cfg = load_config(ROOT / "configs" / "tiny.toml")
+    band = ws.Band()
+    res = init_model(cfg.task, cfg.sampling, tmp_path / "m", band=band, seed=seed, threads=threads)
+    assert res.in_band and band.lo <= res.sampled_reward <= band.hi, res
+    recorded = json.loads((tmp_path / "m" / "warm_start.json").read_text())
+    assert recorded["sampled_reward"] == res.sampled_reward and recorded["threads"] == threads
+    backend = HFBackend()
+    backend.load(tmp_path / "m")
+    again = ws.sampled_reward(
+        backend, load_tokenizer(str(tmp_path / "m")), cfg.task, cfg.sampling,
+        res.check["problems"], res.check["samples"], seed,
+    )  # fmt: skip
+    assert abs(again - res.sampled_reward) < 0.02, (again, res.sampled_reward)
