@@ -13,7 +13,7 @@ and 0.58 on another. So the warm start stops on a measurement instead:
   checks of the same weights agree exactly and successive checks differ only
   by what training changed;
 - it is checked every `check_every` steps (every `coarse_every` while the
-  reward is still far below the band), and training stops at the first check
+  reward is more than two half-widths below the centre), and training stops at the first check
   between the band's centre and its top. When a check lands above the band,
   training goes back to the last checkpoint below the centre and continues
   with half the learning rate and checks twice as often: each overshoot halves
@@ -126,7 +126,7 @@ def warm_start(
     lr: float = 2e-3,
     seed: int = 0,
     check_every: int = 10,
-    coarse_every: int = 25,
+    coarse_every: int = 40,
     check_problems: int = 128,
     check_samples: int = 4,
     max_restarts: int = 8,
@@ -169,7 +169,7 @@ def warm_start(
     best = below  # the checkpoint closest to the centre
     while not done(reward) and step < max_steps:
         model.train()
-        far = reward < band.center - 3 * band.half_width and restarts == 0
+        far = reward < band.center - 2 * band.half_width and restarts == 0
         for _ in range(coarse_every if far else every):
             seqs, masks = [], []
             for _ in range(batch):

@@ -1,6 +1,6 @@
 """Collecting a training batch from the rollout store.
 
-For step n the collector takes rollout files in arrival order and
+For step n the collector takes rollout files in key order (step, node, counter) and
 - discards files whose policy version is older than n − async_level (stale),
 - with validators, waits for each file's verdict and takes it only if a
   trusted validator signed an acceptance of exactly its bytes,
@@ -21,9 +21,9 @@ Every group read is also reported as a `GroupOutcome` (its file's step and
 problem, every sample's reward), dropped ones included: the curriculum
 (tasks/curriculum.py) learns from these what the policy has mastered.
 
-Two rewards are reported: `reward_all` averages every sample read for this
-step (the sampling policy's real performance), `reward` in the batch only the
-groups trained on (biased: solved and failed groups are filtered out).
+Two rewards are reported: `reward` in the metrics averages every sample read
+for this step (the sampling policy's real performance), `reward_trained` only
+the groups trained on (biased: solved and failed groups are filtered out).
 """
 
 from __future__ import annotations

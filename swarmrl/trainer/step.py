@@ -81,7 +81,11 @@ def grpo_update(
     micro = cfg.micro_batch
     model.eval()  # no dropout in these models; eval keeps old/new log-probs comparable
     with torch.no_grad():
-        old = [token_logprobs(model, mb, pad_id)[0] for mb in _chunks(samples, micro)]
+        old = (
+            [token_logprobs(model, mb, pad_id)[0] for mb in _chunks(samples, micro)]
+            if min(cfg.optimizer_steps, len(samples)) > 1
+            else None  # one optimizer step: the gradient pass's own detached log-probs
+        )
         ref = (
             [token_logprobs(ref_model, mb, pad_id)[0] for mb in _chunks(samples, micro)]
             if ref_model is not None

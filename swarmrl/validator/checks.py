@@ -5,7 +5,7 @@
 2. identity: the key names the node, step, policy and group count that the
    rows claim;
 3. replay: a file whose sha256 was already judged, or a second file for the
-   same (node, step, counter), is rejected (the ledger, validator/ledger.py);
+   same (node, step, counter), is rejected (the ledger, validator/record.py);
 4. assignment: the problems, thinking budgets, prompt tokens and sampling
    seeds are recomputed from (run seed, node, step, counter) and the sampler
    state the trainer issued for the step (difficulty level, down-weighted
