@@ -301,7 +301,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=300, help="per system")
     p.add_argument("--max-seconds", type=float, default=400.0, help="per system")
     p.add_argument(
-        "--margin", type=float, default=0.15,
+        "--margin", type=float, default=0.10,
         help="threshold = the starting model's mean sampled reward + this",
     )  # fmt: skip
     p.add_argument(
