@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -81,6 +80,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from benchproc import sha256_file  # noqa: E402
+
 SW_KEEP = ("samples", "groups", "wait_s", "staleness", "dropped_groups", "stale_files")
 
 
@@ -91,14 +94,6 @@ def log(msg: str) -> None:
 def mean(xs):
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_start(cfg, config_file: str) -> dict:
@@ -124,7 +119,7 @@ def read_start(cfg, config_file: str) -> dict:
         sys.exit(f"{weights} is missing; {rebuild}")
     return {
         "model": str(model),
-        "model_sha256": sha256(weights),
+        "model_sha256": sha256_file(weights),
         "start_reward": float(info["sampled_reward"]),
         "temperature": info["temperature"],
     }

@@ -163,12 +163,8 @@ def test_difficulty_rises_and_signal_stays_above_the_floor(tiny_model, tmp_path)
     assert "highest difficulty level" in res.stdout and "held-out greedy reward" in res.stdout
 
 
-@pytest.mark.slow
-def test_default_run_learns_without_a_late_crawl(tiny_model, tmp_path):
-    """`make run`'s configuration: the reward rises, every step reads at most 4x the
-    groups it trains on, and throughput at the end is at least half that at the start."""
-    from swarmrl.progress import samples_per_s
-
+def _default_run(tiny_model, tmp_path) -> tuple[list[dict], float, float]:
+    """`make run`'s configuration: the metrics rows and the first and last 5-step means."""
     res = subprocess.run(
         swarm_cmd(tmp_path, tiny_model), capture_output=True, text=True, timeout=900
     )
@@ -176,6 +172,16 @@ def test_default_run_learns_without_a_late_crawl(tiny_model, tmp_path):
     rows = read_metrics(tmp_path / "runs" / "tiny")
     first = sum(r["reward"] for r in rows[:5]) / 5
     last = sum(r["reward"] for r in rows[-5:]) / 5
+    return rows, first, last
+
+
+@pytest.mark.slow
+def test_default_run_learns_without_a_late_crawl(tiny_model, tmp_path):
+    """`make run`'s configuration: the reward rises, every step reads at most 4x the
+    groups it trains on, and throughput at the end is at least half that at the start."""
+    from swarmrl.progress import samples_per_s
+
+    rows, first, last = _default_run(tiny_model, tmp_path)
     assert last >= first + 0.05, f"first 5 steps {first:.3f}, last 5 {last:.3f}"
     assert all(r["groups_read"] <= 4 * 16 for r in rows), max(r["groups_read"] for r in rows)
     assert samples_per_s(rows[-21:]) >= 0.5 * samples_per_s(rows[:21])
@@ -189,13 +195,7 @@ def test_default_run_learns_without_a_late_crawl(tiny_model, tmp_path):
 )
 def test_default_run_meets_the_reward_target(tiny_model, tmp_path):
     """The target of the default run: last-5 mean reward at least 0.25 above the first 5."""
-    res = subprocess.run(
-        swarm_cmd(tmp_path, tiny_model), capture_output=True, text=True, timeout=900
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = read_metrics(tmp_path / "runs" / "tiny")
-    first = sum(r["reward"] for r in rows[:5]) / 5
-    last = sum(r["reward"] for r in rows[-5:]) / 5
+    _, first, last = _default_run(tiny_model, tmp_path)
     assert last >= first + 0.25, f"first 5 steps {first:.3f}, last 5 {last:.3f}"
 
 
