@@ -234,7 +234,9 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         row = {
             "step": step,
             "reward": batch.read_reward_sum / read if read else trained_reward,
-            "task_reward": batch.read_task_reward_sum / read if read else trained_reward,
+            "task_reward": batch.read_task_reward_sum / read
+            if read
+            else sum(s.task_reward for s in batch.samples) / n,
             "reward_trained": trained_reward,
             "length_penalty": sum(s.length_penalty for s in batch.samples) / n,
             "loss": stats.loss,
