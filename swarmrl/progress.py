@@ -126,13 +126,13 @@ class Progress:
             print(flush=True)
 
 
-def samples_per_s(rows: list[dict], key: str = "samples") -> float:
-    """Samples trained on (or, key="samples_read", read) per second of trainer time,
-    over rows[1:] (rows[0] marks where the span starts)."""
+def samples_per_s(rows: list[dict]) -> float:
+    """Samples trained on per second of trainer time over rows[1:] (rows[0] marks where
+    the span starts)."""
     if len(rows) < 2:
         return 0.0
     span = rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]
-    return sum(r[key] for r in rows[1:]) / max(span, 1e-9)
+    return sum(r["samples"] for r in rows[1:]) / max(span, 1e-9)
 
 
 def run_shape(cfg: RunConfig, rows: list[dict]) -> str:

@@ -45,7 +45,7 @@ from swarmrl.inference.assigned import assigned_prompts
 from swarmrl.inference.rollouts import Limits, RolloutFileError, read_rollouts
 from swarmrl.models.prompting import decode_completion
 from swarmrl.protocol.assign import derive_seed, parse_rollout_key
-from swarmrl.tasks.curriculum import SamplerStateError, SamplerStates
+from swarmrl.tasks.curriculum import SamplerStates
 from swarmrl.tasks.length import length_penalty
 from swarmrl.tasks.verifiers import verify
 from swarmrl.toploc.proof import Thresholds, check_proofs_many, split_proofs
@@ -153,7 +153,7 @@ def _check_assignment(ctx: Context, info: dict, rows: list[dict]) -> list:
     states = ctx.sampler_states or SamplerStates(cfg.run_paths()["sampler"])
     try:
         state = states.read(info["step"])
-    except (SamplerStateError, ValueError) as e:  # fail closed: judged as unassigned
+    except ValueError as e:  # SamplerStateError or bad JSON; fail closed: judged as unassigned
         msg = f"the sampler state of step {info['step']} is unreadable: {e}"
         raise Reject("assignment", msg) from None
     if state is None:
