@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+EXIT_REFUSED = 3  # a worker the orchestrator ejected, banned or turned away
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML run configuration (defaults when omitted)")
@@ -40,10 +42,22 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("trainer", help="run the GRPO trainer process")
     _common(p)
     p.add_argument("--resume", action="store_true")
-    p = sub.add_parser("worker", help="run one inference worker process")
-    _common(p)
-    p.add_argument("--index", type=int, default=0, help="worker number (for logs)")
+    p = sub.add_parser("worker", help="join a run as an inference worker (needs only its URL)")
+    p.add_argument("--orchestrator", required=True, help="URL of the run's orchestrator")
+    p.add_argument(
+        "--home", default="swarmrl-worker", help="this node's directory: key, weights, logs"
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--cheat", default=None, help="run as a dishonest worker (tests and demos)")
+    p = sub.add_parser("orchestrator", help="run the orchestrator service of a run")
+    _common(p)
+    p = sub.add_parser(
+        "keygen", help="create an ed25519 key file (mode 0600) and print its public key"
+    )
+    p.add_argument("--out", required=True, help="key file to create (its .pub goes beside it)")
+    p = sub.add_parser("status", help="print a run's nodes, states, contributions and stakes")
+    p.add_argument("--orchestrator", required=True, help="URL of the run's orchestrator")
+    p.add_argument("--json", action="store_true", help="print the ledger as JSON")
     p = sub.add_parser("validator", help="run a validator: check rollout files, write verdicts")
     _common(p)
     p.add_argument("--index", type=int, default=0, help="validator number (of validator.count)")
@@ -108,6 +122,7 @@ def _setup_logging() -> None:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the log
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,6 +179,31 @@ def main(argv: list[str] | None = None) -> int:
                     f"{res['model']} on {res['task']} (n={res['n']}): accuracy {res['accuracy']:.3f}, mean reward {res['mean_reward']:.3f} ({res['seconds']:.1f}s)"
                 )
             return 0
+        if args.command == "keygen":
+            from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+
+            out = Path(args.out)
+            if out.exists():
+                print(f"swarmrl: {out} exists; not overwriting a key", file=sys.stderr)
+                return 2
+            print(public_key_hex(load_or_create_key(out)))
+            return 0
+        if args.command == "status":
+            from swarmrl.protocol.status import print_status
+
+            return print_status(args.orchestrator, args.json)
+        if args.command == "worker":
+            from swarmrl.inference.worker import NodeRefused, run_worker
+
+            _setup_logging()
+            try:
+                run_worker(args.orchestrator, Path(args.home), args.cheat, args.threads)
+            except NodeRefused as e:
+                logging.getLogger("swarmrl.worker").error(
+                    "the orchestrator refuses this node: %s", e
+                )
+                return EXIT_REFUSED
+            return 0
         cfg = load_config(args.config, args.overrides)
         if args.command == "rl":
             from swarmrl.launcher import LaunchError, launch
@@ -181,10 +221,10 @@ def main(argv: list[str] | None = None) -> int:
             from swarmrl.trainer.loop import run_trainer
 
             run_trainer(cfg, resume=args.resume)
-        elif args.command == "worker":
-            from swarmrl.inference.worker import run_worker
+        elif args.command == "orchestrator":
+            from swarmrl.orchestrator.server import run_orchestrator
 
-            run_worker(cfg, args.index, args.cheat)
+            run_orchestrator(cfg)
         elif args.command == "validator":
             from swarmrl.validator.loop import run_validator
 
@@ -194,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
             from swarmrl.shardcast.source import trainer_public_key
 
             sc = cfg.shardcast
+            if cfg.orchestrator.url:
+                from swarmrl.shardcast.relay import join_orchestrator
+
+                host = args.host or sc.host
+                join_orchestrator(
+                    cfg.orchestrator.url, Path(args.dir) / "node.key", f"http://{host}:{args.port}"
+                )
             run_relay(
                 [u.strip() for u in args.upstream.split(",") if u.strip()],
                 trainer_public_key(cfg),

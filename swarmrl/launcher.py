@@ -1,7 +1,12 @@
 """`swarmrl rl`: the whole swarm on one machine, one process per role.
 
-The launcher starts the trainer (which is also the SHARDCAST origin),
-`shardcast.relays` relays and N workers as separate processes (each in
+The launcher starts the orchestrator first (and waits for its /health), then
+the trainer (which is also the SHARDCAST origin), `shardcast.relays` relays,
+the validators and N workers as separate processes. Every process talks to
+the others only through the orchestrator's HTTP API and SHARDCAST; workers
+are started exactly as a contributor elsewhere would start one
+(`swarmrl worker --orchestrator URL --home DIR`), with no config file. Each
+process runs in
 its own session, each told to die with the launcher through PDEATHSIG), with
 torch threads set per process so they share the cores, and one log file per
 process under runs/<name>/logs/. It shows progress from metrics.jsonl.
@@ -10,7 +15,10 @@ Failure policy:
 - the trainer exits non-zero, or a worker keeps dying: every process is
   stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits
   non-zero naming the failing process and showing the end of its log;
-- a worker or relay that dies is restarted, up to
+- a worker the orchestrator refuses (ejected for a rejected file, banned)
+  exits with code 3 and is not restarted: the run goes on without it;
+- a worker, relay, validator or the orchestrator that dies is restarted
+  (the orchestrator on the same port, from its database), up to
   `launcher.max_worker_restarts` times: losing a worker must not stop the
   swarm (its unfinished file is simply never uploaded; a relay comes back on
   the same port and workers fail over to other servers meanwhile);
@@ -35,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swarmrl.cli import EXIT_REFUSED
 from swarmrl.config import RunConfig
 from swarmrl.progress import Progress, summary_lines
 
@@ -65,6 +74,7 @@ class Proc:
     exits_when_done: bool = True  # relays serve until told to stop
     popen: subprocess.Popen | None = None
     restarts: int = 0
+    refused: bool = False  # a worker the orchestrator turned away (exit code 3)
     logf: object = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -144,6 +154,44 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, fresh: bool) -> Path:
     return run
 
 
+def _orchestrator_setup(cfg: RunConfig, base: list[str], cfg_args: list[str]):
+    """The orchestrator process, its URL, and the overrides that point every process at it."""
+    from swarmrl.orchestrator.server import operator_token
+    from swarmrl.protocol.identity import public_key_hex
+    from swarmrl.trainer.loop import trainer_key
+
+    o = cfg.orchestrator
+    port = o.port if o.url else _free_port(o.host)
+    url = o.url or f"http://{o.host}:{port}"
+    operator_token(cfg)  # created before anyone needs it (mode 0600)
+    extra = [f"orchestrator.url={json.dumps(url)}"]
+    own = [f"orchestrator.port={port}"]
+    if not o.trainer_keys:
+        own.append("orchestrator.trainer_keys=" + json.dumps([public_key_hex(trainer_key(cfg))]))
+    argv = base + ["orchestrator", *cfg_args, *own, *extra]
+    log_path = cfg.run_paths()["logs"] / "orchestrator.log"
+    return Proc("orchestrator", argv, log_path, threads=1, exits_when_done=False), url, extra
+
+
+def _wait_healthy(url: str, proc: Proc, timeout_s: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise LaunchError(
+                f"the orchestrator exited with code {proc.poll()}; last lines of "
+                f"{proc.log_path}:\n{_tail(proc.log_path)}"
+            )
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise LaunchError(f"the orchestrator at {url} did not answer /health in {timeout_s:.0f}s")
+
+
 def _validator_setup(cfg: RunConfig) -> list[str]:
     """Create the validators' keys up front, so the trainer is told whom to trust."""
     from swarmrl.protocol.identity import load_or_create_key, public_key_hex
@@ -193,25 +241,28 @@ def launch(
         extra, relays = _shardcast_setup(cfg, base, cfg_args)
         cfg_args = cfg_args + extra
     cfg_args = cfg_args + _validator_setup(cfg)
+    orchestrator, url, extra = _orchestrator_setup(cfg, base, cfg_args)
+    cfg_args = cfg_args + extra
+    for r in relays:
+        r.argv += extra
 
     def proc(name: str, args: list[str], threads: int, niceness: int = 0) -> Proc:
         return Proc(name, base + args + cfg_args, run / "logs" / f"{name}.log", threads, niceness)
 
+    def node(name: str, cheat: str | None = None) -> Proc:
+        argv = base + ["worker", "--orchestrator", url, "--home", str(run / "nodes" / name)]
+        argv += ["--threads", str(cfg.worker.threads)] + (["--cheat", cheat] if cheat else [])
+        log_path = run / "logs" / f"{name}.log"
+        return Proc(name, argv, log_path, cfg.worker.threads, cfg.launcher.worker_niceness)
+
     trainer = proc("trainer", ["trainer"] + (["--resume"] if resume else []), cfg.trainer.threads)
-    nice = cfg.launcher.worker_niceness
-    workers = [
-        proc(f"worker-{i}", ["worker", "--index", str(i)], cfg.worker.threads, nice)
-        for i in range(cfg.launcher.workers)
-    ]
-    cheater_procs = [
-        proc(f"cheater-{i}", ["worker", "--index", str(i), "--cheat", k], cfg.worker.threads, nice)
-        for i, k in enumerate(cheat_kinds)
-    ]
+    workers = [node(f"worker-{i}") for i in range(cfg.launcher.workers)]
+    cheater_procs = [node(f"cheater-{i}", k) for i, k in enumerate(cheat_kinds)]
     validators = [
         proc(f"validator-{i}", ["validator", "--index", str(i)], cfg.validator.threads)
         for i in range(cfg.validator.count if cfg.validator.enabled else 0)
     ]
-    helpers = [*relays, *validators, *workers, *cheater_procs]  # restarted when they die
+    helpers = [orchestrator, *relays, *validators, *workers, *cheater_procs]  # restarted on death
     procs = [trainer, *helpers]
     stop_requested = {"sig": None}
 
@@ -219,15 +270,23 @@ def launch(
         stop_requested["sig"] = signum
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    progress = Progress(cfg, run / "metrics.jsonl", cheat_kinds)
+    progress = Progress(cfg, run / "metrics.jsonl", cheat_kinds, orchestrator=url)
     cheat_s = f" + {len(cheater_procs)} cheaters ({', '.join(cheat_kinds)})" if cheat_kinds else ""
     print(
         f"swarmrl: run '{cfg.name}' in {run}: trainer + {len(relays)} relays + "
         f"{len(validators)} validators + {len(workers)} workers{cheat_s}; logs in {run / 'logs'}",
         flush=True,
     )
+    orchestrator.start()
+    try:
+        _wait_healthy(url, orchestrator)
+    except LaunchError:
+        _stop_all([orchestrator], graceful=False)
+        raise
+    print(f"swarmrl: orchestrator at {url} (swarmrl status --orchestrator {url})", flush=True)
     for p in procs:
-        p.start()
+        if p is not orchestrator:
+            p.start()
     code = 0
     try:
         while True:
@@ -252,7 +311,14 @@ def launch(
             failed = None
             for w in helpers:
                 wrc = w.poll()
-                if wrc is None or wrc == 0:  # 0: the trainer said the run is done
+                if wrc is None or wrc == 0 or w.refused:  # 0: the run is done
+                    continue
+                if wrc == EXIT_REFUSED and w in (*workers, *cheater_procs):
+                    w.refused = True  # ejected or banned: not restarted; the run goes on
+                    print(
+                        f"\nswarmrl: the orchestrator ejected '{w.name}' (see {w.log_path})",
+                        flush=True,
+                    )
                     continue
                 if w.restarts >= cfg.launcher.max_worker_restarts:
                     failed = (w, wrc)

@@ -78,11 +78,27 @@ def _verdict_text(run: Path) -> str:
     return text
 
 
+def fetch_ledger(url: str) -> dict | None:
+    import httpx
+
+    try:
+        return httpx.get(url.rstrip("/") + "/v1/ledger", timeout=2.0).json()
+    except (httpx.HTTPError, ValueError):  # shown as unreachable; the run goes on
+        return None
+
+
 class Progress:
     """One status line: a rewritten line on a terminal, a line per step otherwise."""
 
-    def __init__(self, cfg: RunConfig, metrics: Path, cheats: list[str] | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        metrics: Path,
+        cheats: list[str] | None = None,
+        orchestrator: str | None = None,
+    ):
         self.cfg = cfg
+        self.orchestrator = orchestrator
         self.metrics = metrics
         self.run = metrics.parent
         self.cheats = cheats or []
@@ -105,7 +121,7 @@ class Progress:
         lag = weights_lag(self.run)
         lag_s = f" | weights lag {lag:.2f}s" if lag is not None else ""
         if self.cfg.validator.enabled:
-            checked = f" | {_verdict_text(self.run)}"
+            checked = f" | {_verdict_text(self.run)}{self._ledger_text()}"
         else:
             checked = f" | rejected {sum(r['rejected_files'] for r in rows)}"
         line = (
@@ -120,6 +136,19 @@ class Progress:
             print("\r" + line.ljust(140), end="", flush=True)
         else:
             print(line, flush=True)
+
+    def _ledger_text(self) -> str:
+        """Ejected nodes and stake slashed, from the orchestrator's public ledger."""
+        if not self.orchestrator:
+            return ""
+        led = fetch_ledger(self.orchestrator)
+        if led is None:
+            return " | orchestrator unreachable"
+        out = [n for n in led["nodes"] if n["state"] in ("ejected", "banned")]
+        if not out:
+            return ""
+        slashed = sum(n["slashed"] for n in led["nodes"])
+        return f" | ejected {len(out)}, slashed {slashed:.0f}"
 
     def close(self) -> None:
         if self.tty:

@@ -20,7 +20,7 @@ by that one thing:
 - wrong-prompts: answers problems other than the assigned ones;
 - easy-level: answers problems of the easiest difficulty level (and no
   down-weighting of mastered problems) instead of the issued sampler state;
-- replay: uploads another node's newest file under its own names.
+- replay: submits its previous file again for a new assignment.
 
 These are test fixtures of the validator, not part of an honest run.
 """
@@ -172,20 +172,16 @@ class EasyLevel(Honest):
 class Replay(Honest):
     name = "replay"
 
-    def upload(self, store, key, data):
-        """Uploads the newest file of another node instead of its own (nothing, if none)."""
-        node = key.rsplit("/", 1)[1].split("-", 1)[0]
-        theirs = [
-            k
-            for k in store.list("rollouts") + store.list("consumed")
-            if f"/{node}-" not in k and k.endswith(".parquet")
-        ]
-        for k in reversed(theirs):
-            try:
-                store.put(key, store.get(k))
-                return
-            except FileNotFoundError:  # consumed or deleted meanwhile
-                continue
+    def __init__(self):
+        self.previous: bytes | None = None
+
+    def upload(self, client, a, data):
+        """Submits its previous file again for each new assignment (the orchestrator
+        refuses bytes it has seen: one file per sha256, one per assignment)."""
+        from swarmrl.inference.worker import upload_file
+
+        old, self.previous = self.previous, data
+        return upload_file(client, a, old if old is not None else data)
 
 
 CHEATS = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from pathlib import Path
 
 from swarmrl.shardcast.client import Follower
@@ -104,3 +105,31 @@ def run_relay(upstreams: list[str], trusted_key: str, root: Path, **kw) -> None:
         await serve_relay(upstreams, trusted_key, root, stop=stop, **kw)
 
     asyncio.run(main())
+
+
+def join_orchestrator(url: str, key_file: Path, public_url: str) -> None:
+    """Register this relay with the run's orchestrator and heartbeat on a daemon
+    thread, so it is advertised to nodes (and can be reported by them)."""
+    import threading
+
+    from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
+    from swarmrl.protocol.identity import load_or_create_key
+
+    client = OrchestratorClient(url, load_or_create_key(key_file))
+
+    def beat() -> None:
+        every = client.run_params()["heartbeat_s"]
+        client.call("POST", "/v1/nodes/register", {"role": "relay", "url": public_url})
+        while True:
+            time.sleep(every)
+            try:
+                client.call("POST", "/v1/nodes/heartbeat", {"want_work": False})
+            except OrchestratorError as e:
+                if e.status != 409:
+                    log.error("the orchestrator refuses this relay: %s", e)
+                    return
+                client.call("POST", "/v1/nodes/register", {"role": "relay", "url": public_url})
+            except ConnectionError as e:  # recovered: it keeps serving; heartbeats resume later
+                log.warning("heartbeat: %s", e)
+
+    threading.Thread(target=beat, daemon=True, name="orchestrator").start()

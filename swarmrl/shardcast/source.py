@@ -92,21 +92,56 @@ def trainer_public_key(cfg: RunConfig) -> str:
         ) from None
 
 
-def open_weights_source(cfg: RunConfig, node_name: str, keep: int | None = None):
+def open_weights_source(cfg: RunConfig, node_name: str, keep: int | None = None, client=None):
     """The weights source of one node (worker or validator) of this run. A
-    validator passes `keep`: it mirrors every version and keeps that many."""
+    validator passes `keep`: it mirrors every version and keeps that many.
+    `client`: an OrchestratorClient; servers that send bad data are reported to it."""
     paths = cfg.run_paths()
     if not cfg.shardcast.enabled:
         return LocalWeights(paths["weights"])
-    if not cfg.shardcast.servers:
-        raise ConfigError("shardcast.servers is empty: give the URLs of relays or the origin")
-    latency_log = paths["run"] / "weights_latency.jsonl"
-    reports = paths["run"] / "bad_servers.jsonl"
+    return follow_weights(
+        cfg,
+        paths["nodes"] / node_name / "weights",
+        cfg.shardcast.servers,
+        trainer_public_key(cfg),
+        node_name,
+        paths["run"] / "weights_latency.jsonl",
+        keep=keep,
+        client=client,
+    )
+
+
+def follow_weights(
+    cfg: RunConfig,
+    root: Path,
+    servers: list[str],
+    trusted_key: str,
+    node_name: str,
+    latency_log: Path,
+    keep: int | None = None,
+    client=None,
+) -> ShardcastWeights:
+    """Mirror versions from `servers` into `root` on a background thread."""
+    if not servers:
+        raise ConfigError("no SHARDCAST servers: give the URLs of relays or the origin")
 
     def report(url: str, what: str) -> None:
-        # Until the orchestrator exists, reports of bad servers go to a file of the run.
-        with open(reports, "a") as fh:
-            fh.write(json.dumps({"server": url, "node": node_name, "what": what}) + "\n")
+        """Called on the follower's event loop: the report goes out on its own thread."""
+        if client is None:
+            return
+
+        def send() -> None:
+            from swarmrl.protocol.client import OrchestratorClient
+
+            c = OrchestratorClient(client.url, client.key, patience_s=30.0)
+            try:
+                c.call("POST", "/v1/relays/report", {"url": url, "what": what[:500]})
+            except Exception as e:  # recovered: a lost report only delays the relay's removal
+                log.warning("could not report %s to the orchestrator: %s", url, e)
+            finally:
+                c.close()
+
+        threading.Thread(target=send, daemon=True, name="relay-report").start()
 
     def record(f: Fetched) -> None:
         row = {
@@ -121,9 +156,9 @@ def open_weights_source(cfg: RunConfig, node_name: str, keep: int | None = None)
             fh.write(json.dumps(row) + "\n")
 
     follower = Follower(
-        cfg.shardcast.servers,
-        trainer_public_key(cfg),
-        paths["nodes"] / node_name / "weights",
+        servers,
+        trusted_key,
+        root,
         keep=keep or cfg.shardcast.keep_local,
         every=keep is not None,
         parallel=cfg.shardcast.parallel,

@@ -1,21 +1,24 @@
-"""Collecting a training batch from the rollout store.
+"""Collecting a training batch from the files the orchestrator lists as accepted.
 
-For step n the collector takes rollout files in key order (step, node, counter) and
-- discards files whose policy version is older than n − async_level (stale),
-- with validators, waits for each file's verdict and takes it only if a
-  trusted validator signed an acceptance of exactly its bytes,
-- rejects files that fail validation (moved under `rejected/` with a
-  `.reason.txt` beside them, logged, counted; the run goes on),
+For step n the collector asks its queue (the orchestrator: `GET
+/v1/trainer/files`) for accepted files whose policy is at least
+n − async_level, in key order (step, node, counter), and for each
+- downloads it through its signed URL and checks that the bytes are the ones
+  submitted (sha256),
+- with validators, takes it only if a trusted validator signed an acceptance
+  of exactly these bytes (or, with spot-checking, if the orchestrator did not
+  draw it for validation),
+- reads it with the run's limits; a file that fails is reported to the
+  orchestrator as rejected (logged, counted; the run goes on),
+- marks it consumed for step n (`POST /v1/trainer/consume`): a file voided
+  meanwhile (its node was caught cheating) is not used,
 - drops groups whose rewards are all equal (zero advantage: online filtering),
 - recomputes advantages from the rewards itself,
 until it holds exactly `need_groups` groups. Groups with signal beyond that
 are carried to the next step (and dropped there if they have become stale);
 the carry is part of the trainer state, so a resumed run neither loses nor
-repeats them. An accepted file moves from `rollouts/` to `consumed/` as soon
-as it is read, so workers stop counting it as pending (counting it deadlocked
-a run whose pending files held too few groups with signal); the trainer
-deletes it once the step's version is published, and a resumed trainer moves
-back any consumed file its last published step did not use.
+repeats them: on resume the orchestrator puts back the files consumed by
+steps after the resumed version.
 
 Every group read is also reported as a `GroupOutcome` (its file's step and
 problem, every sample's reward), dropped ones included: the curriculum
@@ -28,6 +31,7 @@ the groups trained on (biased: solved and failed groups are filtered out).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -38,7 +42,7 @@ from swarmrl.protocol.assign import parse_rollout_key
 from swarmrl.tasks.curriculum import GroupOutcome
 from swarmrl.trainer.advantages import group_advantages, has_signal
 from swarmrl.validator.checks import sha256
-from swarmrl.validator.record import read_verdict, verdict_key
+from swarmrl.validator.record import read_verdict
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -71,70 +75,70 @@ class Batch:
     outcomes: list[GroupOutcome] = field(default_factory=list)  # every group read, in order
 
 
-def consumed_key(key: str) -> str:
-    return "consumed/" + key.removeprefix("rollouts/")
+@dataclass
+class QueuedFile:
+    key: str
+    sha256: str
+    url: str
+    verdict: dict | None
+    checked: bool
 
 
-def used_verdict_key(consumed: str) -> str:
-    """Where the verdict of a consumed file goes: beside it, out of verdicts/, so that
-    the same bytes uploaded again under the same name meet the validator's ledger
-    (a replay) instead of the old verdict."""
-    return consumed.removesuffix(".parquet") + ".verdict.json"
+class OrchestratorQueue:
+    """The trainer's side of the orchestrator: accepted files in, consumption out."""
 
+    def __init__(self, client, max_bytes: int):
+        self.client = client
+        self.max_bytes = max_bytes
 
-def delete_consumed(store, keys: list[str]) -> None:
-    for key in keys:
-        store.delete(key)
-        store.delete(used_verdict_key(key))
+    def ready(self, step: int) -> tuple[list[QueuedFile], int, bool]:
+        """Files ready for `step`, rejected files so far, and whether the run was stopped."""
+        r = self.client.call("GET", "/v1/trainer/files", params={"step": step})
+        files = [
+            QueuedFile(f["key"], f["sha256"], f["url"], f["verdict"], f["checked"])
+            for f in r["files"]
+        ]
+        return files, int(r["counts"].get("rejected", 0)), bool(r["stopped"])
 
+    def fetch(self, f: QueuedFile) -> bytes:
+        return self.client.get_bytes(f.url, self.max_bytes)
 
-def restore_unpublished(store) -> int:
-    """After a crash: move consumed files no published step used back to rollouts/,
-    with their verdicts. Call it after deleting the files the last published step
-    consumed."""
-    keys = store.list("consumed")
-    moved = 0
-    for key in keys:
-        back = "rollouts/" + key.removeprefix("consumed/")
-        if key.endswith(".verdict.json"):
-            back = verdict_key(back.removesuffix(".verdict.json") + ".parquet")
-        else:
-            moved += 1
-        store.put(back, store.get(key))
-        store.delete(key)
-    return moved
+    def consume(self, step: int, key: str) -> bool:
+        r = self.client.call("POST", "/v1/trainer/consume", {"step": step, "keys": [key]})
+        return key in r["consumed"]
+
+    def reject(self, key: str, reason: str) -> None:
+        self.client.call("POST", "/v1/trainer/reject", {"key": key, "reason": reason})
 
 
 class BatchCollector:
-    """`validators`: the keys whose signed verdicts are trusted; when given, a file
-    is taken only once one of them accepted exactly these bytes (None: files
-    are taken as they come, with the schema checks only)."""
+    """`validators`: the keys whose signed verdicts are trusted (None: validation is
+    off, files are taken with the schema checks only). `spot_checks`: files the
+    orchestrator did not draw for validation are taken without a verdict."""
 
     def __init__(
         self,
-        store,
+        queue,
         limits: Limits,
         async_level: int,
         poll_s: float,
         validators: list[str] | None = None,
+        spot_checks: bool = False,
     ):
-        self.store = store
+        self.queue = queue
         self.validators = validators
+        self.spot_checks = spot_checks
         # sha256 -> policy version of the files taken while they could still be fresh:
         # a file (or its bytes under another name) is never taken twice
         self.taken: dict[str, int] = {}
-        self.rejected_seen = self.rejected_count()
+        self.rejected_seen: int | None = None
         self.limits = limits
         self.async_level = async_level
         self.poll_s = poll_s
         self.carry: list[list[Sample]] = []  # groups with signal, read but not yet trained on
 
-    def reject(self, key: str, data: bytes | None, reason: str) -> None:
-        name = key.replace("/", "__")
-        if data is not None:
-            self.store.put(f"rejected/{name}", data)
-        self.store.put(f"rejected/{name}.reason.txt", reason.encode())
-        self.store.delete(key)
+    def reject(self, key: str, reason: str) -> None:
+        self.queue.reject(key, reason)
         log.warning("rejected %s: %s", key, reason)
 
     def collect(
@@ -149,13 +153,23 @@ class BatchCollector:
                 batch.stale_groups += 1
             else:
                 self._add(batch, group, need_groups)
+        seen: set[str] = set()
+        rejected = 0
         while batch.groups < need_groups:
-            keys = [k for k in self.store.list("rollouts") if k not in batch.consumed]
+            files, rejected, stopped = self.queue.ready(step)
+            if self.rejected_seen is None:
+                self.rejected_seen = rejected
+            if stopped:
+                raise InterruptedError("the operator stopped the run")
             taken = 0
-            for key in keys:
+            for f in files:
                 if batch.groups >= need_groups:
                     break
-                taken += self._take(key, step, batch, need_groups)
+                if f.key in seen:
+                    continue
+                seen.add(f.key)
+                self._take(f, step, batch, need_groups)
+                taken += 1
             if not taken:
                 if should_stop():
                     raise InterruptedError("stopped while waiting for rollouts")
@@ -170,13 +184,10 @@ class BatchCollector:
                     )
                 time.sleep(self.poll_s)
         batch.wait_s = time.time() - t0
-        rejected = self.rejected_count()
-        batch.rejected_files, self.rejected_seen = rejected - self.rejected_seen, rejected
+        if self.rejected_seen is not None:
+            batch.rejected_files = max(batch.rejected_files, rejected - self.rejected_seen)
+            self.rejected_seen = rejected
         return batch
-
-    def rejected_count(self) -> int:
-        """Files rejected so far in this run, by the validators or by the trainer."""
-        return sum(k.endswith(".reason.txt") for k in self.store.list("rejected"))
 
     def _add(self, batch: Batch, group: list[Sample], need_groups: int) -> None:
         if batch.groups < need_groups:
@@ -185,49 +196,36 @@ class BatchCollector:
         else:
             self.carry.append(group)
 
-    def _take(self, key: str, step: int, batch: Batch, need_groups: int) -> bool:
-        """Take one file if it is ready; False when it must wait for its verdict."""
-        info = parse_rollout_key(key)
+    def _take(self, f: QueuedFile, step: int, batch: Batch, need_groups: int) -> None:
+        info = parse_rollout_key(f.key)
         if info is None:
-            self.reject(key, self._get(key), "unrecognised rollout key")
-            batch.rejected_files += 1
-            return True
+            self.reject(f.key, "unrecognised rollout key")
+            return
         if info["policy"] < step - self.async_level:
-            self.store.delete(key)
             batch.stale_files += 1
-            log.info(
-                "discarded stale %s (policy %d < %d)", key, info["policy"], step - self.async_level
-            )
-            return True
-        if self.validators is not None and not self.store.exists(verdict_key(key)):
-            return False
-        data = self._get(key)
-        if data is None:  # rejected and moved by the validator meanwhile
-            return True
-        verdict = None
-        digest = sha256(data)
+            return
         try:
+            data = self.queue.fetch(f)
+            digest = sha256(data)
+            if digest != f.sha256:
+                raise RolloutFileError("the downloaded bytes are not the ones submitted")
             if digest in self.taken:
                 raise RolloutFileError("these bytes were trained on already (a replay)")
             if self.validators is not None:
-                verdict = self._check_verdict(key, data)
+                self._check_verdict(f, digest)
             rows = read_rollouts(data, self.limits)
             if any(r["policy_step"] != info["policy"] for r in rows):
                 raise RolloutFileError("policy_step column disagrees with the file's key")
         except RolloutFileError as e:
-            self.reject(key, data, str(e))
+            self.reject(f.key, str(e))
             batch.rejected_files += 1
-            return True
+            return
+        if not self.queue.consume(step, f.key):
+            log.info("%s was voided before it could be used", f.key)
+            return
         batch.accepted_files += 1
         self.taken[digest] = info["policy"]
-        consumed = consumed_key(key)
-        self.store.put(consumed, data)
-        if verdict is not None:
-            self.store.put(used_verdict_key(consumed), verdict)
-        self.store.delete(key)
-        if verdict is not None:
-            self.store.delete(verdict_key(key))
-        batch.consumed.append(consumed)
+        batch.consumed.append(f.key)
         by_group: dict[int, list[dict]] = {}
         for r in rows:
             by_group.setdefault(r["group"], []).append(r)
@@ -256,22 +254,17 @@ class BatchCollector:
                 for r, adv in zip(group_rows, group_advantages(rewards), strict=True)
             ]
             self._add(batch, group, need_groups)
-        return True
 
-    def _get(self, key: str) -> bytes | None:
-        try:
-            return self.store.get(key)
-        except FileNotFoundError:
-            return None
-
-    def _check_verdict(self, key: str, data: bytes) -> bytes:
-        """The verdict's bytes, if it is a trusted acceptance of exactly `data`."""
-        raw = self._get(verdict_key(key))
-        v = read_verdict(raw, self.validators) if raw is not None else None
+    def _check_verdict(self, f: QueuedFile, digest: str) -> None:
+        """A trusted acceptance of exactly these bytes, or a file not drawn for a spot check."""
+        if f.verdict is None:
+            if self.spot_checks and not f.checked:
+                return
+            raise RolloutFileError("no verdict, and validation of every file is required")
+        v = read_verdict(json.dumps(f.verdict).encode(), self.validators)
         if v is None:
             raise RolloutFileError("its verdict is not signed by a trusted validator")
-        if v.key != key or v.sha256 != sha256(data):
+        if v.key != f.key or v.sha256 != digest:
             raise RolloutFileError("the file is not the one its verdict judged")
         if not v.accepted:
             raise RolloutFileError(f"rejected by the validator: {v.check}: {v.reason}")
-        return raw

@@ -1,25 +1,27 @@
 """The trainer process: collect, update, publish, repeat.
 
-Order of writes for step n, chosen so a crash anywhere loses and repeats
-nothing:
-1. the sampler state of step n goes to sampler/step_n.json (validators read
-   it there), then status says "collecting n" with the same state (workers
-   read it there); the batch is collected;
-2. the curriculum sees every group read, and the state of step n+1 is issued
-   the same way: status says "collecting n+1" (workers start on the next step
-   while this one trains: this is where inference and training overlap);
+It talks to the orchestrator (signed with the trainer's key, the same key
+that signs SHARDCAST manifests). Order of writes for step n, chosen so a
+crash anywhere loses and repeats nothing:
+1. `POST /v1/trainer/step` opens step n with its sampler state (workers get
+   their assignments for it, validators check files against it); the batch
+   is collected from the accepted files, each marked consumed by step n;
+2. the curriculum sees every group read, and step n+1 is opened the same
+   way (workers start on the next step while this one trains: this is where
+   inference and training overlap);
 3. update; append the metrics row for n;
-4. save trainer state n (optimizer, consumed rollout keys, curriculum,
-   elapsed time);
-5. publish version n (manifest last) — the commit point;
-6. delete the consumed rollout files.
-Steps 5 and 6 run on the publisher's background thread (shardcast/origin.py)
-from a snapshot of the weights, so training step n+1 does not wait for disk,
-hashing or signing; they still happen in this order, version after version.
+4. save trainer state n (optimizer, consumed keys, curriculum, elapsed time);
+5. publish version n (manifest last) — the commit point — then
+   `POST /v1/trainer/published`, after which the orchestrator deletes the
+   files consumed up to n.
+Step 5 runs on the publisher's background thread (shardcast/origin.py) from
+a snapshot of the weights, so training step n+1 does not wait for disk,
+hashing or signing; versions are still published in order.
 Resume (`--resume`) starts after the newest version v that has a trainer
-state: it truncates metrics rows past v, deletes rollout files that v already
-consumed, and restores the optimizer and the carried-over groups, so step v+1
-is neither lost nor repeated and no rollout is trained on twice.
+state: it truncates metrics rows past v, tells the orchestrator (`POST
+/v1/trainer/resume`), which puts the files consumed by steps after v back in
+the queue, and restores the optimizer and the carried-over groups, so step
+v+1 is neither lost nor repeated and no rollout is trained on twice.
 """
 
 from __future__ import annotations
@@ -36,14 +38,14 @@ import torch
 from swarmrl.config import ConfigError, RunConfig
 from swarmrl.inference.rollouts import Limits
 from swarmrl.models.loading import load_model, load_tokenizer
+from swarmrl.protocol.client import OrchestratorClient
 from swarmrl.protocol.identity import load_or_create_key, parse_public_key, public_key_hex
-from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import ManifestError, write_json_atomic
+from swarmrl.shardcast.manifest import ManifestError
 from swarmrl.shardcast.origin import Origin, Publisher
-from swarmrl.tasks.curriculum import SamplerStates, run_curriculum
+from swarmrl.tasks.curriculum import run_curriculum
 from swarmrl.tasks.dataset import TaskSource
-from swarmrl.trainer.batch import BatchCollector, Sample, delete_consumed, restore_unpublished
+from swarmrl.trainer.batch import BatchCollector, OrchestratorQueue, Sample
 from swarmrl.trainer.step import grpo_update
 
 log = logging.getLogger("swarmrl.trainer")
@@ -53,18 +55,19 @@ def _state_path(paths: dict, step: int) -> Path:
     return paths["trainer_state"] / f"step_{step:06d}.pt"
 
 
-def _write_status(paths: dict, step: int, done: bool = False, sampler=None) -> None:
-    status = {"step": step, "done": done, "time": time.time()}
-    if sampler is not None:
-        status["sampler"] = sampler.to_json()
-    write_json_atomic(paths["status"], status)
+def _open_step(client: OrchestratorClient, curriculum, step: int, done: bool = False) -> None:
+    """Issue the sampler state of `step` to the orchestrator (workers and validators get it there)."""
+    state = curriculum.issue(step) if not done else curriculum.state()
+    client.call(
+        "POST", "/v1/trainer/step", {"step": step, "sampler": state.to_json(), "done": done}
+    )
 
 
-def _open_step(paths: dict, states: SamplerStates, curriculum, step: int, keep: int) -> None:
-    """Issue the sampler state of `step`: the per-step record first, then the status."""
-    state = curriculum.issue(step)
-    states.write(step, state, keep_from=step - keep)
-    _write_status(paths, step, sampler=state)
+def trainer_key(cfg: RunConfig):
+    sc = cfg.shardcast
+    return load_or_create_key(
+        Path(sc.key_file) if sc.key_file else cfg.run_paths()["keys"] / "trainer.key"
+    )
 
 
 def _truncate_metrics(path: Path, last_step: int) -> None:
@@ -80,14 +83,16 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
     tmp.replace(path)
 
 
-def _publish(publisher: Publisher, model, tokenizer, version: int, then=None) -> None:
+def _publish(publisher: Publisher, model, tokenizer, version: int, announce) -> None:
+    """Publish `version`; then `announce(version)` tells the orchestrator (on the
+    publisher's thread, after the manifest is written)."""
     snapshot = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
     def write(d: Path) -> None:
         model.save_pretrained(d, state_dict=snapshot, safe_serialization=True)
         tokenizer.save_pretrained(d)
 
-    publisher.submit(version, write, then)
+    publisher.submit(version, write, lambda: announce(version))
 
 
 def _open_weights(cfg: RunConfig, paths: dict) -> tuple[LocalWeights, Origin | None]:
@@ -95,7 +100,7 @@ def _open_weights(cfg: RunConfig, paths: dict) -> tuple[LocalWeights, Origin | N
     keep = cfg.async_level + 1
     if not sc.enabled:
         return LocalWeights(paths["weights"], keep=keep), None
-    key = load_or_create_key(Path(sc.key_file) if sc.key_file else paths["keys"] / "trainer.key")
+    key = trainer_key(cfg)
     weights = LocalWeights(
         paths["weights"],
         keep=keep,
@@ -142,14 +147,20 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
 
 
 def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publisher) -> None:
-    store = LocalDirStore(paths["store"])
+    if not cfg.orchestrator.url:
+        raise ConfigError("orchestrator.url is empty: the trainer takes its rollouts from there")
+    key = trainer_key(cfg)
+    client = OrchestratorClient(cfg.orchestrator.url, key)
+    announcer = OrchestratorClient(cfg.orchestrator.url, key)  # used by the publisher's thread
+
+    def announce(version: int) -> None:
+        announcer.call("POST", "/v1/trainer/published", {"version": version})
+
     tokenizer = load_tokenizer(cfg.model.path)
     pad_id = tokenizer.pad_token_id
 
     start, elapsed0, opt_state, carry, taken = 1, 0.0, None, [], {}
     curriculum = run_curriculum(cfg, TaskSource(cfg.task, cfg.seed))
-    states = SamplerStates(paths["sampler"])
-    keep_states = 2 * cfg.async_level + 4  # steps whose files may still be judged
     resumable = [v for v in weights.versions() if v == 0 or _state_path(paths, v).exists()]
     verified = None
     while resume and resumable and verified is None:
@@ -168,10 +179,9 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             taken = state.get("taken", {})
             if "curriculum" in state:
                 curriculum.load_dict(state["curriculum"])
-            delete_consumed(store, state["consumed"])
-        moved = restore_unpublished(store)
+        moved = client.call("POST", "/v1/trainer/resume", {"version": v})["returned"]
         if moved:
-            log.info("moved %d rollout files of the unfinished step back to the queue", moved)
+            log.info("%d rollout files of unfinished steps went back to the queue", moved)
         start = v + 1
         _truncate_metrics(paths["metrics"], v)
         log.info("resuming after version %d", v)
@@ -182,7 +192,9 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         paths["metrics"].unlink(missing_ok=True)
         shutil.rmtree(paths["sampler"], ignore_errors=True)
         if 0 not in weights.versions():
-            _publish(publisher, model, tokenizer, 0)
+            _publish(publisher, model, tokenizer, 0, announce)
+        else:
+            announce(0)
     ref_model = None
     if cfg.trainer.kl_coef > 0:
         ref_model = load_model(cfg.model.path, cfg.model.dtype)
@@ -203,8 +215,14 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         max_completion_tokens=cfg.sampling.max_new_tokens,
         group_size=cfg.worker.group_size,
     )
+    queue = OrchestratorQueue(client, cfg.orchestrator.max_file_bytes)
     collector = BatchCollector(
-        store, limits, cfg.async_level, cfg.trainer.poll_s, trusted_validators(cfg)
+        queue,
+        limits,
+        cfg.async_level,
+        cfg.trainer.poll_s,
+        trusted_validators(cfg),
+        spot_checks=cfg.validator.sample_rate < 1.0,
     )
     collector.carry = carry
     collector.taken = taken
@@ -212,11 +230,11 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
 
     min_signal = cfg.curriculum.min_signal
     for step in range(start, cfg.trainer.steps + 1):
-        _open_step(paths, states, curriculum, step, keep_states)
+        _open_step(client, curriculum, step)
         level = curriculum.issued[step]
         batch = collector.collect(step, cfg.trainer.batch_groups)
         curriculum.observe(step, batch.outcomes)
-        _open_step(paths, states, curriculum, step + 1, keep_states)
+        _open_step(client, curriculum, step + 1)
         t0 = time.time()
         stats = grpo_update(model, ref_model, optimizer, batch.samples, cfg.trainer, budget, pad_id)
         train_s = time.time() - t0
@@ -284,10 +302,10 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         )
         tmp.replace(state_file)
 
-        def after_publish(step=step, consumed=batch.consumed) -> None:
-            delete_consumed(store, consumed)
+        def after_publish(version: int) -> None:
+            announce(version)
             for old in paths["trainer_state"].glob("step_*.pt"):
-                if int(old.stem.split("_")[1]) < step - cfg.async_level:
+                if int(old.stem.split("_")[1]) < version - cfg.async_level:
                     old.unlink(missing_ok=True)
 
         _publish(publisher, model, tokenizer, step, after_publish)
@@ -312,7 +330,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
     if final.exists():
         shutil.rmtree(final)
     shutil.copytree(weights.path(weights.newest()), final)
-    _write_status(paths, cfg.trainer.steps + 1, done=True, sampler=curriculum.state())
+    _open_step(client, curriculum, cfg.trainer.steps + 1, done=True)
     from swarmrl.report import write_report
 
     write_report(paths["metrics"], paths["run"] / "report.png")

@@ -4,8 +4,8 @@
    (types, lengths, whole groups of group_size, finite numbers);
 2. identity: the key names the node, step, policy and group count that the
    rows claim;
-3. replay: a file whose sha256 was already judged, or a second file for the
-   same (node, step, counter), is rejected (the ledger, validator/record.py);
+3. replay: never reaches a validator: the orchestrator refuses a second file
+   for an assignment and a second submission of the same sha256;
 4. assignment: the problems, thinking budgets, prompt tokens and sampling
    seeds are recomputed from (run seed, node, step, counter) and the sampler
    state the trainer issued for the step (difficulty level, down-weighted
@@ -48,7 +48,7 @@ from swarmrl.protocol.assign import derive_seed, parse_rollout_key
 from swarmrl.tasks.curriculum import SamplerStates
 from swarmrl.tasks.length import length_penalty
 from swarmrl.tasks.verifiers import verify
-from swarmrl.toploc.proof import Thresholds, check_proofs_many, split_proofs
+from swarmrl.toploc.proof import Thresholds, check_proofs_many, decode, split_proofs
 from swarmrl.toploc.sampling import check_sampling
 
 REWARD_TOLERANCE = 1e-4  # float32 storage of the rewards
@@ -114,7 +114,7 @@ def sha256(data: bytes) -> str:
 
 
 def check_without_model(ctx: Context, key: str, data: bytes) -> tuple[dict, list[dict]]:
-    """Checks 1, 2, 4, 5 and 6 (the ledger, 3, is the caller's). Returns the key's
+    """Checks 1, 2, 4, 5 and 6 (3 is the orchestrator's). Returns the key's
     fields and the rows; raises Reject."""
     info = parse_rollout_key(key)
     if info is None:
@@ -224,9 +224,10 @@ def _check_rewards(ctx: Context, rows: list[dict], plan) -> None:
 def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
     """Checks 7 and 8 with `backend` holding the claimed policy, one prefill batch at a
     time (each batch's logits are dropped before the next). Returns statistics."""
-    for i, r in enumerate(rows):  # lengths first: nothing is computed for a malformed file
+    for i, r in enumerate(rows):  # grammar first: nothing is computed for a malformed file
         try:
-            split_proofs(r["proofs"], len(r["completion_tokens"]), ctx.hidden_size)
+            for piece in split_proofs(r["proofs"], len(r["completion_tokens"]), ctx.hidden_size):
+                decode(piece)  # a modulus out of range is the worker's fault, not an error
         except ValueError as e:
             raise Reject("proof", f"malformed proofs: sample {i}: {e}", [i]) from None
     s = ctx.cfg.sampling

@@ -1,20 +1,23 @@
 """The validator process (`swarmrl validator`).
 
-Forever, until the trainer reports the run done: list the rollout files that
-have no verdict yet, oldest policy first; skip those already too stale to
-train on (the trainer discards them); judge the others (validator/checks.py)
-with the claimed policy version loaded (mirrored through the weights seam,
-SHARDCAST when enabled, every version in order); write a signed verdict to
-the store and a line to runs/<name>/verdicts.jsonl; move a rejected file to
-`rejected/` with a `.reason.txt`, as the trainer does with a corrupt one.
+Forever, until the orchestrator reports the run done: claim the next pending
+file (`POST /v1/validation/claim`; the orchestrator holds it for this
+validator for `orchestrator.validation_lease_s`, then gives it to another if
+no verdict came), download it through its signed URL, judge it
+(validator/checks.py) against the assignment the orchestrator issued (seed,
+sampler state, length budget) with the claimed policy version loaded
+(mirrored through the weights seam, SHARDCAST when enabled, every version in
+order), and post the signed verdict (`POST /v1/validation/verdict`). A line
+per verdict goes to runs/<name>/verdicts.jsonl, this validator's own log.
 
-With several validators each takes the files whose key hashes to its index;
-they share the ledger.
+Replays (the same bytes again, a second file for one assignment) never reach
+a validator: the orchestrator issues the counters and refuses a second grant
+for an assignment or a second submission of the same sha256.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
 import logging
 import time
@@ -22,16 +25,16 @@ from pathlib import Path
 
 from swarmrl.config import RunConfig
 from swarmrl.inference.backend import HFBackend
-from swarmrl.inference.rollouts import MAX_FILE_BYTES
 from swarmrl.models.loading import load_tokenizer
-from swarmrl.protocol.assign import parse_rollout_key, read_status
+from swarmrl.protocol.assign import parse_rollout_key
+from swarmrl.protocol.client import OrchestratorClient
 from swarmrl.protocol.identity import load_or_create_key
-from swarmrl.protocol.store import LocalDirStore
 from swarmrl.shardcast.source import open_weights_source
+from swarmrl.tasks.curriculum import SamplerState
 from swarmrl.tasks.dataset import TaskSource
 from swarmrl.toploc.proof import Thresholds
 from swarmrl.validator.checks import Context, Reject, check_with_model, check_without_model, sha256
-from swarmrl.validator.record import Ledger, Verdict, verdict_key
+from swarmrl.validator.record import Verdict
 
 log = logging.getLogger("swarmrl.validator")
 LOGPROB_TOLERANCE = {"float32": 2e-5, "bfloat16": 1e-2}  # see validator/checks.py, check 8
@@ -58,11 +61,10 @@ def make_context(cfg: RunConfig, tokenizer, backend) -> Context:
 class Judge:
     """Judges files for one validator: the checks, the ledger and the loaded policy."""
 
-    def __init__(self, cfg: RunConfig, backend: HFBackend, weights, ledger: Ledger, key):
+    def __init__(self, cfg: RunConfig, backend: HFBackend, weights, key):
         self.cfg = cfg
         self.backend = backend
         self.weights = weights
-        self.ledger = ledger
         self.key = key
         self.ctx = make_context(cfg, load_tokenizer(cfg.model.path), backend)
         self.loaded: int | None = None
@@ -81,17 +83,24 @@ class Judge:
         self.loaded = version
         return True
 
-    def judge(self, key: str, data: bytes, trainer_step: int | None = None) -> Verdict | None:
+    def judge(
+        self, key: str, data: bytes, trainer_step: int | None = None, issued: dict | None = None
+    ) -> Verdict | None:
         """The verdict on one file, or None when its policy version is not available.
         `trainer_step`: the step the trainer collects for, read after the file was
-        listed; an honest file is never for a later step, nor from a policy version
-        not yet published (the status moves to n+1 before version n is published)."""
+        claimed; an honest file is never for a later step, nor from a policy version
+        not yet published (step n+1 opens before version n is published).
+        `issued`: the assignment as the orchestrator issued it (its `sampler` state
+        and `max_new_tokens` budget); None reads the run's sampler/ records."""
         t0 = time.time()
+        ctx = self.ctx
+        if issued is not None:
+            ctx = _issued_context(ctx, issued)
         digest = sha256(data)
         info = parse_rollout_key(key) or {"node": "", "step": -1, "policy": -1, "counter": -1}
         v = Verdict(key, digest, info["node"], info["step"], info["policy"], accepted=False)
         try:
-            info, rows = check_without_model(self.ctx, key, data)
+            info, rows = check_without_model(ctx, key, data)
             v.n_samples = len(rows)
             v.n_tokens = sum(len(r["completion_tokens"]) for r in rows)
             if trainer_step is not None and (
@@ -105,13 +114,9 @@ class Judge:
             newest = self.weights.newest()
             if newest is None or newest < info["policy"]:
                 return None  # not mirrored yet; judged on a later pass
-            earlier = self.ledger.claim(digest, key, info["node"], info["step"], info["counter"])
-            if earlier is not None:
-                raise Reject("replay", f"replay: same bytes or assignment as {earlier}")
             if not self.ensure_policy(info["policy"]):
-                self.ledger.release(digest)
                 return None
-            v.stats = check_with_model(self.ctx, self.backend, rows)
+            v.stats = check_with_model(ctx, self.backend, rows)
             v.accepted = True
         except Reject as r:
             v.check, v.reason, v.samples = r.check, r.reason, r.samples
@@ -124,20 +129,28 @@ class Judge:
         return v.signed(self.key)
 
 
-def _mine(key: str, index: int, count: int) -> bool:
-    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % count == index
+class _IssuedState:
+    """The sampler state the orchestrator issued for one file's step."""
+
+    def __init__(self, step: int, state: SamplerState):
+        self.step, self.state = step, state
+
+    def read(self, step: int) -> SamplerState | None:
+        return self.state if step == self.step else None
 
 
-def publish_verdict(store, ledger: Ledger, v: Verdict, data: bytes, log_path: Path) -> None:
-    """Verdict object first, then the file's move and the ledger (a crash re-judges nothing)."""
-    store.put(verdict_key(v.key), v.to_json())
-    if not v.accepted:
-        name = v.key.replace("/", "__")
-        store.put(f"rejected/{name}", data)
-        store.put(f"rejected/{name}.reason.txt", f"{v.check}: {v.reason}".encode())
-        store.delete(v.key)
-    if v.check != "replay":
-        ledger.settle(v.sha256, v.accepted)
+def _issued_context(ctx: Context, issued: dict) -> Context:
+    cfg = ctx.cfg
+    budget = issued.get("max_new_tokens") or cfg.sampling.max_new_tokens
+    if budget != cfg.sampling.max_new_tokens:
+        cfg = cfg.model_copy(
+            update={"sampling": cfg.sampling.model_copy(update={"max_new_tokens": budget})}
+        )
+    state = SamplerState.from_json(issued["sampler"])
+    return dataclasses.replace(ctx, cfg=cfg, sampler_states=_IssuedState(issued["step"], state))
+
+
+def log_verdict(v: Verdict, log_path: Path) -> None:
     row = {k: getattr(v, k) for k in ("key", "node", "step", "policy_step", "accepted", "check")}
     row |= {"reason": v.reason[:300], "samples": len(v.samples), "seconds": v.seconds}
     row |= {"tokens": v.n_tokens, "time": v.time}
@@ -151,45 +164,39 @@ def run_validator(cfg: RunConfig, index: int) -> None:
     torch.set_num_threads(cfg.validator.threads)
     paths = cfg.run_paths()
     key = load_or_create_key(paths["keys"] / f"validator-{index}.key")
-    weights = open_weights_source(cfg, f"validator-{index}", keep=cfg.async_level + 2)
-    store = LocalDirStore(paths["store"])
-    ledger = Ledger(paths["validator"] / "ledger.sqlite")
+    client = OrchestratorClient(cfg.orchestrator.url, key)
+    weights = open_weights_source(
+        cfg, f"validator-{index}", keep=cfg.async_level + 2, client=client
+    )
     backend = HFBackend(dtype=cfg.model.dtype)
     backend.load(Path(cfg.model.path))  # architecture and tokenizer ids; versions swap in
-    judge = Judge(cfg, backend, weights, ledger, key)
-    count = cfg.validator.count
-    log.info("validator %d started (1 of %d)", index, count)
+    judge = Judge(cfg, backend, weights, key)
+    log.info("validator %d started", index)
     while True:
-        status = read_status(paths["status"])
-        if status and status.get("done"):
-            log.info("trainer reports the run done; validator exits")
+        newest = weights.newest()
+        r = client.call(
+            "POST", "/v1/validation/claim", {"max_policy": -1 if newest is None else newest}
+        )
+        if r["done"] and r["file"] is None:
+            log.info("the orchestrator reports the run done; validator exits")
             return
-        step = int(status["step"]) if status else 0
-        todo = []
-        for k in store.list("rollouts"):
-            info = parse_rollout_key(k)
-            if info and info["policy"] < step - cfg.async_level:
-                continue  # stale: the trainer discards it without a verdict
-            if _mine(k, index, count) and not store.exists(verdict_key(k)):
-                todo.append(((info or {}).get("policy", -1), k))
-        judged = 0
-        for _, k in sorted(todo):
-            try:
-                too_big = store.size(k) > MAX_FILE_BYTES
-                data = b"" if too_big else store.get(k)
-            except FileNotFoundError:
-                continue
-            status = read_status(paths["status"]) or {"step": step}
-            v = judge.judge(k, data, int(status["step"]))
-            if v is not None and too_big:
-                v.check, v.reason = "schema", f"file is over {MAX_FILE_BYTES} bytes"
-            if v is None:
-                continue
-            publish_verdict(store, ledger, v, data, paths["verdicts"])
-            judged += 1
-            if v.accepted:
-                log.info("accepted %s: %d samples, %.2fs", k, v.n_samples, v.seconds)
-            else:
-                log.warning("REJECTED %s: %s: %s", k, v.check, v.reason)
-        if not judged:
+        f = r["file"]
+        if f is None:
             time.sleep(cfg.validator.poll_s)
+            continue
+        try:
+            data = client.get_bytes(f["url"], cfg.orchestrator.max_file_bytes)
+        except Exception as e:  # recovered: the lease runs out and the file is claimed again
+            log.warning("could not download %s: %s", f["key"], e)
+            time.sleep(cfg.validator.poll_s)
+            continue
+        v = judge.judge(f["key"], data, r["trainer_step"], issued=f["assignment"])
+        if v is None:
+            log.info("policy of %s not mirrored yet; it will be claimed again", f["key"])
+            continue
+        client.call("POST", "/v1/validation/verdict", {"verdict": dataclasses.asdict(v)})
+        log_verdict(v, paths["verdicts"])
+        if v.accepted:
+            log.info("accepted %s: %d samples, %.2fs", f["key"], v.n_samples, v.seconds)
+        else:
+            log.warning("REJECTED %s: %s: %s", f["key"], v.check, v.reason)

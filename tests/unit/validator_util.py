@@ -15,7 +15,6 @@ from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.tasks.curriculum import SamplerState, SamplerStates
 from swarmrl.tasks.dataset import TaskSource
 from swarmrl.validator.loop import Judge
-from swarmrl.validator.record import Ledger
 
 
 class FixedWeights:
@@ -85,8 +84,7 @@ class Maker:
 def make_judge(cfg, tmp: Path) -> Judge:
     backend = HFBackend()
     backend.load(Path(cfg.model.path))
-    ledger = Ledger(tmp / "validator" / "ledger.sqlite")
     key = load_or_create_key(tmp / "keys" / "validator-0.key")
-    judge = Judge(cfg, backend, FixedWeights(Path(cfg.model.path)), ledger, key)
+    judge = Judge(cfg, backend, FixedWeights(Path(cfg.model.path)), key)
     judge.loaded = 0  # the backend holds version 0 already (a .gguf cannot be hot-swapped)
     return judge

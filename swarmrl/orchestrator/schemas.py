@@ -1,0 +1,118 @@
+"""Request bodies of the orchestrator API: every field typed and bounded, so a
+malformed, oversized or wrongly typed body is a 422 that names the field."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SHA256 = r"^[0-9a-f]{64}$"
+KEY = r"^[0-9a-f]{64}$"
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Hardware(_In):
+    cpus: int = Field(ge=1, le=100_000, description="CPU cores the node may use.")
+    memory_gb: float = Field(ge=0.0, le=1e7, description="Memory in GB.")
+    gpus: list[str] = Field(default_factory=list, max_length=64, description="GPU names.")
+    tokens_per_s: float = Field(
+        ge=0.0, le=1e9, description="Measured generation speed with this run's model."
+    )
+    platform: str = Field("", max_length=200, description="OS and Python, for operators.")
+
+
+class RegisterIn(_In):
+    role: Literal["worker", "relay"] = Field(description="What the node does in the run.")
+    hardware: Hardware | None = Field(None, description="Required for workers.")
+    url: str = Field(
+        "",
+        max_length=500,
+        pattern=r"^(https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?)?$",
+        description="A relay's public URL.",
+    )
+
+
+class HeartbeatIn(_In):
+    policy_version: int | None = Field(
+        None, ge=0, le=1 << 40, description="Policy version the node holds."
+    )
+    want_work: bool = Field(False, description="Ask for an assignment in the answer.")
+
+
+class UploadIn(_In):
+    counter: int = Field(ge=1, le=1 << 62, description="The assignment's counter.")
+    size: int = Field(ge=1, le=1 << 40, description="Bytes of the file.")
+    sha256: str = Field(pattern=SHA256, description="sha256 of the file, hex.")
+
+
+class SubmitIn(_In):
+    key: str = Field(max_length=500, description="Object key the upload URL was granted for.")
+    sha256: str = Field(pattern=SHA256)
+
+
+class VerdictBody(_In):
+    key: str = Field(max_length=500)
+    sha256: str = Field(pattern=SHA256)
+    node: str = Field(max_length=64)
+    step: int = Field(ge=-1, le=1 << 40)
+    policy_step: int = Field(ge=-1, le=1 << 40)
+    accepted: bool
+    check: str = Field("", max_length=64)
+    reason: str = Field("", max_length=4000)
+    samples: list[int] = Field(default_factory=list, max_length=100_000)
+    n_samples: int = Field(0, ge=0, le=1 << 40)
+    n_tokens: int = Field(0, ge=0, le=1 << 50)
+    stats: dict[str, float | int | str | None] = Field(default_factory=dict, max_length=64)
+    seconds: float = Field(0.0, ge=0.0, le=1e9)
+    time: float = Field(0.0, ge=0.0, le=1e11)
+    validator: str = Field(pattern=KEY)
+    signature: str = Field(max_length=128)
+
+
+class VerdictIn(_In):
+    verdict: VerdictBody
+
+
+class SamplerBody(_In):
+    level: int = Field(0, ge=0, le=1000)
+    weights: dict[str, float] = Field(default_factory=dict, max_length=1_000_000)
+
+
+class StepIn(_In):
+    step: int = Field(ge=0, le=1 << 40, description="Step the trainer collects for.")
+    sampler: SamplerBody = Field(default_factory=SamplerBody)
+    done: bool = Field(False, description="The run is over.")
+
+
+class VersionIn(_In):
+    version: int = Field(ge=0, le=1 << 40)
+
+
+class ConsumeIn(_In):
+    step: int = Field(ge=0, le=1 << 40)
+    keys: list[str] = Field(max_length=100_000)
+
+
+class TrainerRejectIn(_In):
+    key: str = Field(max_length=500)
+    reason: str = Field(max_length=4000)
+
+
+class RelayReportIn(_In):
+    url: str = Field(max_length=500)
+    what: str = Field("", max_length=500)
+
+
+class RunControlIn(_In):
+    paused: bool | None = Field(None, description="Stop handing out new work (or resume).")
+    stopped: bool | None = Field(None, description="End the run: every process exits.")
+
+
+class ClaimIn(_In):
+    max_policy: int = Field(
+        -1, ge=-1, le=1 << 40, description="Newest policy version this validator holds."
+    )

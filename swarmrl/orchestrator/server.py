@@ -1,0 +1,93 @@
+"""`swarmrl orchestrator`: build the service from config (the one place where the
+database engine and the object store are chosen) and serve it with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from pathlib import Path
+
+from swarmrl.config import ConfigError, RunConfig
+from swarmrl.orchestrator.db import open_database
+from swarmrl.orchestrator.service import Service
+from swarmrl.protocol.identity import parse_public_key
+
+log = logging.getLogger("swarmrl.orchestrator")
+
+
+def operator_token(cfg: RunConfig) -> str:
+    """The operator's bearer token, created (mode 0600) on first use."""
+    o = cfg.orchestrator
+    path = (
+        Path(o.operator_token_file)
+        if o.operator_token_file
+        else (cfg.run_paths()["keys"] / "operator.token")
+    )
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    token = path.read_text().strip()
+    if len(token) < 16:
+        raise ConfigError(f"{path}: the operator token must be at least 16 characters")
+    return token
+
+
+def role_keys(cfg: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
+    keys_dir = cfg.run_paths()["keys"]
+    o = cfg.orchestrator
+    trainers = list(o.trainer_keys) or [
+        p.read_text().strip() for p in sorted(keys_dir.glob("trainer.pub"))
+    ]
+    validators = (
+        list(o.validator_keys)
+        or list(cfg.validator.public_keys)
+        or [p.read_text().strip() for p in sorted(keys_dir.glob("validator-*.pub"))]
+    )
+    if not trainers:
+        raise ConfigError(
+            f"no trainer key: set orchestrator.trainer_keys or create {keys_dir}/trainer.pub"
+        )
+    for k in trainers + validators:
+        parse_public_key(k)  # a malformed key is a config error that names it
+    return frozenset(trainers), frozenset(validators)
+
+
+def make_service(cfg: RunConfig, public_url: str) -> Service:
+    from swarmrl.orchestrator.objects import LocalObjectStore, S3ObjectStore
+
+    o = cfg.orchestrator
+    paths = cfg.run_paths()
+    db = open_database(o.database, paths["orchestrator"] / "state.sqlite")
+    trainers, validators = role_keys(cfg)
+    svc = Service(
+        cfg=cfg,
+        db=db,
+        trainer_keys=trainers,
+        validator_keys=validators,
+        operator_token=operator_token(cfg),
+    )
+    svc.init_identity()
+    if o.store == "s3":
+        svc.objects = S3ObjectStore(o.s3_bucket, o.s3_endpoint, o.s3_region)
+    else:
+        root = Path(o.store_dir) if o.store_dir else paths["store"]
+        svc.objects = LocalObjectStore(root, svc.secret, public_url)
+    return svc
+
+
+def run_orchestrator(cfg: RunConfig) -> None:
+    import uvicorn
+
+    from swarmrl.orchestrator.app import build_app
+    from swarmrl.orchestrator.nodes import revive_after_restart
+
+    o = cfg.orchestrator
+    url = o.url or f"http://{o.host}:{o.port}"
+    svc = make_service(cfg, url)
+    revive_after_restart(svc)
+    app = build_app(svc, sweep_every_s=min(1.0, o.heartbeat_s / 2))
+    log.info("orchestrator of run %s (%s) at %s", svc.run_id, svc.db.engine, url)
+    uvicorn.run(app, host=o.host, port=o.port, log_level="warning", access_log=False)

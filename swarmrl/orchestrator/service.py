@@ -1,0 +1,76 @@
+"""What every orchestrator operation needs: the run's config, the state database,
+the object store and a clock (tests pass their own), and the run's identity.
+
+The run identifier and the URL-signing secret are created on the first start
+and kept in the database, so a restarted orchestrator (or a replica sharing
+a PostgreSQL database) signs and checks the same way.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from swarmrl.config import RunConfig
+from swarmrl.orchestrator.db import Database
+
+
+class ApiError(Exception):
+    """A refusal with its HTTP status and a message naming the problem."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass
+class Service:
+    cfg: RunConfig
+    db: Database
+    objects: object = None  # an ObjectStore (orchestrator/objects.py)
+    trainer_keys: frozenset[str] = frozenset()
+    validator_keys: frozenset[str] = frozenset()
+    operator_token: str = ""
+    clock: Callable[[], float] = time.time
+    run_id: str = ""
+    secret: bytes = b""
+    upload_times: dict[str, list[float]] = field(default_factory=dict)
+
+    def init_identity(self) -> None:
+        self.run_id = self.meta("run_id") or self.set_meta_once("run_id", secrets.token_hex(8))
+        hexsecret = self.meta("url_secret") or self.set_meta_once(
+            "url_secret", secrets.token_hex(32)
+        )
+        self.secret = bytes.fromhex(hexsecret)
+        with self.db.tx() as cur:
+            cur.execute(
+                "INSERT INTO counters VALUES ('assignment', 0) ON CONFLICT (name) DO NOTHING"
+            )
+
+    def meta(self, k: str, cur=None) -> str | None:
+        if cur is None:
+            with self.db.tx() as c:
+                return self.meta(k, c)
+        row = cur.execute("SELECT v FROM meta WHERE k = ?", (k,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, cur, k: str, v: str) -> None:
+        cur.execute(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v", (k, v)
+        )
+
+    def set_meta_once(self, k: str, v: str) -> str:
+        """Set `k` unless another replica did first; the value that won."""
+        with self.db.tx() as cur:
+            cur.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (k) DO NOTHING", (k, v))
+            return cur.execute("SELECT v FROM meta WHERE k = ?", (k,)).fetchone()[0]
+
+    def role_of(self, key: str) -> str:
+        if key in self.trainer_keys:
+            return "trainer"
+        if key in self.validator_keys:
+            return "validator"
+        return "node"

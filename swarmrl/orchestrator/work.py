@@ -1,0 +1,499 @@
+"""Work: assignments, uploads, validation and the trainer's queue, as state changes.
+
+A file's life (`files.state`):
+
+    uploading ──submit──► pending ──validator accepts──► accepted ──trainer──► consumed ──► trained
+        │                    │    (or, not drawn for a spot check, accepted unchecked)
+        │                    └──validator rejects──► rejected (the node is ejected and slashed)
+        └── any state but trained: policy older than step − async_level ──► stale
+
+`void = 1` marks the contributions of an ejected or banned node that were not
+final yet: a void file is never listed to the trainer and earns nothing.
+`final = 1` once `validity_window_s` has passed since submission without the
+node being caught.
+
+Assignments (`assignments.state`): open → uploading → submitted; an open one
+whose node dies or whose deadline passes becomes `orphaned`, and the next
+node that asks for work gets a new assignment that records it
+(`reissue_of`); `cancelled` when its node is ejected.
+
+How much work is out: the groups of open assignments plus those of files
+still on their way to the trainer (uploading, pending, accepted) whose
+policy is fresh. A node gets a new assignment only while that stays within
+`worker.max_pending_groups` (default `trainer.batch_groups`) plus
+`orchestrator.margin_groups`, so workers stop making files that would arrive
+stale.
+
+The assignment counter is one sequence for the whole run, issued here: a
+worker cannot choose it, so it cannot search seeds for easy prompts, and
+the (node, step, counter) of a file is known before it exists (one file per
+assignment, its key fixed by the orchestrator).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from swarmrl.orchestrator.nodes import event, punish, touch
+from swarmrl.orchestrator.service import ApiError, Service
+from swarmrl.protocol.assign import Assignment, derive_seed, rollout_key
+from swarmrl.protocol.identity import verify
+
+ON_THE_WAY = ("uploading", "pending", "accepted")
+
+
+def run_state(svc: Service, cur) -> dict:
+    step = svc.meta("trainer_step", cur)
+    policy = svc.meta("policy", cur)
+    return {
+        "step": int(step) if step is not None else None,
+        "policy": int(policy) if policy is not None else None,
+        "done": svc.meta("done", cur) == "1",
+        "paused": svc.meta("paused", cur) == "1",
+    }
+
+
+def _assignment_dict(svc: Service, cur, row) -> dict:
+    counter, node, step, policy, seed, groups, max_new, deadline, reissue_of = row
+    s = cur.execute("SELECT sampler FROM steps WHERE step = ?", (step,)).fetchone()
+    return {
+        "step": step,
+        "policy_step": policy,
+        "counter": counter,
+        "seed": seed,
+        "groups": groups,
+        "max_new_tokens": max_new,
+        "deadline": deadline,
+        "reissue_of": reissue_of,
+        "sampler": json.loads(s[0]) if s else {"level": 0, "weights": {}},
+    }
+
+
+ASSIGNMENT_COLUMNS = (
+    "counter, node, step, policy, seed, groups, max_new_tokens, deadline, reissue_of"
+)
+
+
+def outstanding_groups(cur, oldest_policy: int) -> int:
+    a = cur.execute(
+        "SELECT COALESCE(SUM(groups), 0) FROM assignments WHERE state = 'open'"
+    ).fetchone()[0]
+    f = cur.execute(
+        "SELECT COALESCE(SUM(groups), 0) FROM files WHERE state IN (?, ?, ?) AND void = 0"
+        " AND policy >= ?",
+        (*ON_THE_WAY, oldest_policy),
+    ).fetchone()[0]
+    return int(a) + int(f)
+
+
+def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: bool) -> dict:
+    """Record the heartbeat; the answer carries the node's assignment or why it waits."""
+    cfg = svc.cfg
+    now = svc.clock()
+    with svc.db.tx() as cur:
+        state = touch(svc, cur, key)
+        run = run_state(svc, cur)
+        answer = {
+            "state": state,
+            "heartbeat_s": cfg.orchestrator.heartbeat_s,
+            "step": run["step"],
+            "policy": run["policy"],
+            "done": run["done"],
+            "assignment": None,
+            "wait": None,
+        }
+        if not want_work:
+            return answer
+        row = cur.execute(
+            f"SELECT {ASSIGNMENT_COLUMNS} FROM assignments WHERE node = ? AND state = 'open'"
+            " ORDER BY counter LIMIT 1",
+            (key,),
+        ).fetchone()
+        if row is not None and row[3] == policy_version:  # a lost answer: the same again
+            answer["assignment"] = _assignment_dict(svc, cur, row)
+            return answer
+        if row is not None:  # the node swapped weights meanwhile: re-issued at its version
+            cur.execute("UPDATE assignments SET state = 'orphaned' WHERE counter = ?", (row[0],))
+        answer["wait"] = _why_wait(cfg, run, policy_version)
+        if answer["wait"] is None:
+            oldest = run["step"] - cfg.async_level
+            limit = (
+                cfg.worker.max_pending_groups or cfg.trainer.batch_groups
+            ) + cfg.orchestrator.margin_groups
+            groups = cfg.worker.groups_per_file
+            if outstanding_groups(cur, oldest) + groups > limit:
+                answer["wait"] = "enough-work"
+        if answer["wait"] is not None:
+            return answer
+        orphan = cur.execute(
+            "UPDATE assignments SET state = 'reissued' WHERE counter = (SELECT counter FROM"
+            " assignments WHERE state = 'orphaned' AND step >= ? ORDER BY counter LIMIT 1)"
+            " AND state = 'orphaned' RETURNING counter",
+            (run["step"] - cfg.async_level,),
+        ).fetchone()
+        counter = cur.execute(
+            "UPDATE counters SET value = value + 1 WHERE name = 'assignment' RETURNING value"
+        ).fetchone()[0]
+        step = run["step"]
+        seed = derive_seed(cfg.seed, key, step, counter)
+        budget = cur.execute("SELECT budget FROM nodes WHERE key = ?", (key,)).fetchone()[0]
+        deadline = now + cfg.orchestrator.assignment_s
+        cur.execute(
+            "INSERT INTO assignments VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)",
+            (counter, key, step, policy_version, seed, groups, budget, now, deadline,
+             orphan[0] if orphan else None),
+        )  # fmt: skip
+        row = cur.execute(
+            f"SELECT {ASSIGNMENT_COLUMNS} FROM assignments WHERE counter = ?", (counter,)
+        ).fetchone()
+        answer["assignment"] = _assignment_dict(svc, cur, row)
+        return answer
+
+
+def _why_wait(cfg, run: dict, policy_version: int | None) -> str | None:
+    if run["done"]:
+        return "done"
+    if run["paused"]:
+        return "paused"
+    if run["step"] is None:
+        return "no-trainer"
+    if policy_version is None or run["policy"] is None or policy_version > run["policy"]:
+        return "unknown-policy"
+    if run["step"] - policy_version > cfg.async_level:
+        return "stale-policy"
+    return None
+
+
+def grant_upload(svc: Service, key: str, counter: int, size: int, sha256: str) -> dict:
+    """A signed URL for the one file of assignment `counter`."""
+    o = svc.cfg.orchestrator
+    now = svc.clock()
+    if size > o.max_file_bytes:
+        raise ApiError(413, f"file of {size} bytes is over the {o.max_file_bytes}-byte limit")
+    recent = [t for t in svc.upload_times.get(key, []) if t > now - 60.0]
+    if len(recent) >= o.uploads_per_minute:
+        raise ApiError(429, f"more than {o.uploads_per_minute} upload URLs in a minute")
+    svc.upload_times[key] = recent + [now]
+    with svc.db.tx() as cur:
+        row = cur.execute(
+            "SELECT node, step, policy, seed, groups, state FROM assignments WHERE counter = ?",
+            (counter,),
+        ).fetchone()
+        if row is None or row[0] != key:
+            raise ApiError(403, f"assignment {counter} was not issued to this node")
+        node, step, policy, seed, groups, state = row
+        object_key = rollout_key(Assignment(step, policy, seed, counter), node, groups)
+        existing = cur.execute(
+            "SELECT sha256, state FROM files WHERE counter = ?", (counter,)
+        ).fetchone()
+        if existing is not None and (existing[0] != sha256 or existing[1] != "uploading"):
+            raise ApiError(409, f"assignment {counter} already has a file")
+        if existing is None:
+            if state != "open":
+                raise ApiError(409, f"assignment {counter} is {state}")
+            if cur.execute("SELECT 1 FROM files WHERE sha256 = ?", (sha256,)).fetchone():
+                raise ApiError(409, "a file with these bytes was submitted already")
+            cur.execute(
+                "INSERT INTO files (key, sha256, node, step, policy, counter, groups, size, state,"
+                " checked, created, final, void) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'uploading', 0,"
+                " ?, 0, 0)",
+                (object_key, sha256, key, step, policy, counter, groups, size, now),
+            )
+            cur.execute("UPDATE assignments SET state = 'uploading' WHERE counter = ?", (counter,))
+        else:
+            cur.execute("UPDATE files SET size = ? WHERE counter = ?", (size, counter))
+    expires = int(now + o.upload_url_ttl_s)
+    url = svc.objects.upload_url(object_key, key, size, sha256, expires)
+    return {"key": object_key, "url": url, "expires": expires, "headers": {}}
+
+
+def submit(svc: Service, key: str, object_key: str, sha256: str) -> dict:
+    rate = svc.cfg.validator.sample_rate if svc.cfg.validator.enabled else 0.0
+    with svc.db.tx() as cur:
+        row = cur.execute(
+            "SELECT node, sha256, size, state, counter FROM files WHERE key = ?", (object_key,)
+        ).fetchone()
+        if row is None or row[0] != key:
+            raise ApiError(403, "no upload of this key was granted to this node")
+        if row[1] != sha256:
+            raise ApiError(409, "sha256 differs from the one the upload URL was granted for")
+        if row[3] != "uploading":
+            return {"state": row[3]}
+        stored = svc.objects.size(object_key)
+        if stored is None:
+            raise ApiError(409, "the object has not been uploaded")
+        if stored != row[2]:
+            raise ApiError(409, f"the object is {stored} bytes, the grant was for {row[2]}")
+        checked = rate >= 1.0 or secrets.randbelow(1 << 30) < rate * (1 << 30)
+        state = "pending" if checked else "accepted"
+        cur.execute(
+            "UPDATE files SET state = ?, checked = ?, submitted = ? WHERE key = ?",
+            (state, 0, svc.clock(), object_key),
+        )
+        cur.execute("UPDATE assignments SET state = 'submitted' WHERE counter = ?", (row[4],))
+    return {"state": state}
+
+
+def mark_stale(svc: Service, cur) -> None:
+    run = run_state(svc, cur)
+    if run["step"] is None:
+        return
+    rows = cur.execute(
+        "UPDATE files SET state = 'stale' WHERE state IN (?, ?, ?) AND policy < ? RETURNING key",
+        (*ON_THE_WAY, run["step"] - svc.cfg.async_level),
+    ).fetchall()
+    for (k,) in rows:
+        svc.objects.delete(k)
+
+
+def claim_file(svc: Service, validator: str, max_policy: int) -> dict:
+    """The next pending file whose policy this validator holds (at most
+    `max_policy`), held for it for `validation_lease_s`."""
+    now = svc.clock()
+    with svc.db.tx() as cur:
+        mark_stale(svc, cur)
+        run = run_state(svc, cur)
+        published = min(run["policy"] if run["policy"] is not None else -1, max_policy)
+        row = cur.execute(
+            "UPDATE files SET validator = ?, lease = ? WHERE key = (SELECT key FROM files"
+            " WHERE state = 'pending' AND void = 0 AND policy <= ? AND (lease IS NULL OR lease < ?)"
+            " ORDER BY policy, key LIMIT 1) AND state = 'pending' AND (lease IS NULL OR lease < ?)"
+            " RETURNING key, sha256, node, step, policy, counter, size",
+            (validator, now + svc.cfg.orchestrator.validation_lease_s, published, now, now),
+        ).fetchone()
+        answer = {"file": None, "trainer_step": run["step"], "done": run["done"]}
+        if row is None:
+            return answer
+        key, sha, node, step, policy, counter, size = row
+        a = cur.execute(
+            f"SELECT {ASSIGNMENT_COLUMNS} FROM assignments WHERE counter = ?", (counter,)
+        ).fetchone()
+        assignment = _assignment_dict(svc, cur, a)
+    expires = int(now + svc.cfg.orchestrator.validation_lease_s)
+    answer["file"] = {
+        "key": key,
+        "sha256": sha,
+        "node": node,
+        "size": size,
+        "url": svc.objects.download_url(key, expires),
+        "assignment": assignment,
+    }
+    return answer
+
+
+def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
+    from swarmrl.validator.record import Verdict
+
+    try:
+        v = Verdict(**verdict)
+    except TypeError as e:
+        raise ApiError(422, f"not a verdict: {e}") from None
+    if v.validator != validator or not verify(v.validator, v.payload(), v.signature):
+        raise ApiError(403, "the verdict is not signed by the calling validator")
+    with svc.db.tx() as cur:
+        row = cur.execute(
+            "SELECT sha256, node, state, validator, void FROM files WHERE key = ?", (v.key,)
+        ).fetchone()
+        if row is None:
+            raise ApiError(404, f"no file {v.key!r}")
+        sha, node, state, holder, void = row
+        if sha != v.sha256 or node != v.node:
+            raise ApiError(409, "the verdict names other bytes or another node than the file")
+        if state != "pending":
+            return {"state": state}
+        if holder != validator:
+            raise ApiError(409, "this file is held by another validator")
+        blob = json.dumps(verdict, sort_keys=True)
+        if v.accepted:
+            cur.execute(
+                "UPDATE files SET state = 'accepted', checked = 1, verdict = ? WHERE key = ?",
+                (blob, v.key),
+            )
+            return {"state": "accepted"}
+        cur.execute(
+            "UPDATE files SET state = 'rejected', checked = 1, verdict = ?, check_name = ?,"
+            " reason = ? WHERE key = ?",
+            (blob, v.check, v.reason[:1000], v.key),
+        )
+        ejected = False
+        if v.check != "error":  # the validator's own failure: the file is refused, no one punished
+            nstate = cur.execute("SELECT state FROM nodes WHERE key = ?", (node,)).fetchone()
+            if nstate is not None and nstate[0] not in ("ejected", "banned"):
+                punish(svc, cur, node, "ejected", f"{v.check}: {v.reason}", slash=True)
+                ejected = True
+    return {"state": "rejected", "ejected": ejected}
+
+
+def open_step(svc: Service, step: int, sampler: dict, done: bool) -> dict:
+    keep = 2 * svc.cfg.async_level + 4
+    with svc.db.tx() as cur:
+        cur.execute(
+            "INSERT INTO steps VALUES (?, ?, ?) ON CONFLICT (step) DO UPDATE SET"
+            " sampler = excluded.sampler, opened = excluded.opened",
+            (step, json.dumps(sampler, sort_keys=True), svc.clock()),
+        )
+        cur.execute("DELETE FROM steps WHERE step < ?", (step - keep,))
+        svc.set_meta(cur, "trainer_step", str(step))
+        if done:
+            svc.set_meta(cur, "done", "1")
+        mark_stale(svc, cur)
+    return {"step": step}
+
+
+def published(svc: Service, version: int) -> dict:
+    """Version `version` is out: objects the trainer consumed up to it are deleted."""
+    with svc.db.tx() as cur:
+        svc.set_meta(cur, "policy", str(version))
+        rows = cur.execute(
+            "UPDATE files SET state = 'trained' WHERE state = 'consumed' AND consumed_step <= ?"
+            " RETURNING key",
+            (version,),
+        ).fetchall()
+    for (k,) in rows:
+        svc.objects.delete(k)
+    return {"policy": version, "trained": len(rows)}
+
+
+def trainer_files(svc: Service, step: int) -> dict:
+    """Accepted files the trainer may take for `step`, oldest key first."""
+    now = svc.clock()
+    expires = int(now + 600)
+    with svc.db.tx() as cur:
+        mark_stale(svc, cur)
+        rows = cur.execute(
+            "SELECT key, sha256, node, policy, verdict, checked FROM files WHERE state = 'accepted'"
+            " AND void = 0 AND policy >= ? ORDER BY key",
+            (step - svc.cfg.async_level,),
+        ).fetchall()
+        counts = dict(cur.execute("SELECT state, COUNT(*) FROM files GROUP BY state").fetchall())
+        stopped = svc.meta("stopped", cur) == "1"
+    files = [
+        {
+            "key": k,
+            "sha256": sha,
+            "node": node,
+            "policy_step": policy,
+            "verdict": json.loads(verdict) if verdict else None,
+            "checked": bool(checked),
+            "url": svc.objects.download_url(k, expires),
+        }
+        for k, sha, node, policy, verdict, checked in rows
+    ]
+    return {"files": files, "counts": counts, "stopped": stopped}
+
+
+def consume(svc: Service, step: int, keys: list[str]) -> dict:
+    taken = []
+    with svc.db.tx() as cur:
+        for k in keys:
+            n = cur.execute(
+                "UPDATE files SET state = 'consumed', consumed_step = ? WHERE key = ?"
+                " AND state = 'accepted' AND void = 0",
+                (step, k),
+            ).rowcount
+            if n:
+                taken.append(k)
+    return {"consumed": taken}
+
+
+def trainer_reject(svc: Service, key: str, reason: str) -> dict:
+    with svc.db.tx() as cur:
+        n = cur.execute(
+            "UPDATE files SET state = 'rejected', check_name = 'trainer', reason = ?"
+            " WHERE key = ? AND state IN ('accepted', 'consumed')",
+            (reason[:1000], key),
+        ).rowcount
+    return {"rejected": bool(n)}
+
+
+def resume(svc: Service, version: int) -> dict:
+    """The trainer restarts after `version`: files consumed by later steps go back."""
+    with svc.db.tx() as cur:
+        n = cur.execute(
+            "UPDATE files SET state = 'accepted', consumed_step = NULL WHERE state = 'consumed'"
+            " AND consumed_step > ?",
+            (version,),
+        ).rowcount
+        svc.set_meta(cur, "policy", str(version))
+        cur.execute("DELETE FROM meta WHERE k = 'done'")
+    return {"returned": n}
+
+
+def finalize(svc: Service) -> int:
+    """Contributions older than the validity window become final (cannot be voided)."""
+    now = svc.clock()
+    with svc.db.tx() as cur:
+        rows = cur.execute(
+            "UPDATE files SET final = 1 WHERE final = 0 AND void = 0 AND state IN"
+            " ('accepted', 'consumed', 'trained') AND submitted < ? RETURNING node",
+            (now - svc.cfg.orchestrator.validity_window_s,),
+        ).fetchall()
+        per: dict[str, int] = {}
+        for (node,) in rows:
+            per[node] = per.get(node, 0) + 1
+        for node, n in per.items():
+            event(cur, now, node, "final", float(n), f"{n} files final")
+    return len(rows)
+
+
+def report_relay(svc: Service, reporter: str, url: str, what: str) -> dict:
+    with svc.db.tx() as cur:
+        cur.execute(
+            "INSERT INTO relay_reports VALUES (?, ?, ?, ?) ON CONFLICT (url, reporter) DO UPDATE"
+            " SET time = excluded.time, what = excluded.what",
+            (url.rstrip("/"), reporter, svc.clock(), what[:300]),
+        )
+    return {"reported": url}
+
+
+def servers(svc: Service, cur) -> list[str]:
+    """SHARDCAST servers to advertise: configured ones and registered relays, minus
+    those reported by `relay_reports` distinct nodes."""
+    urls = [u.rstrip("/") for u in svc.cfg.shardcast.servers]
+    for (u,) in cur.execute(
+        "SELECT url FROM nodes WHERE role = 'relay' AND state IN ('registered', 'healthy')"
+        " ORDER BY registered"
+    ).fetchall():
+        if u.rstrip("/") not in urls:
+            urls.append(u.rstrip("/"))
+    bad = {
+        u
+        for u, n in cur.execute("SELECT url, COUNT(*) FROM relay_reports GROUP BY url").fetchall()
+        if n >= svc.cfg.orchestrator.relay_reports
+    }
+    return [u for u in urls if u not in bad]
+
+
+def ledger(svc: Service) -> dict:
+    with svc.db.tx() as cur:
+        nodes = cur.execute(
+            "SELECT key, role, state, stake, slashed, reason, last_seen FROM nodes ORDER BY registered"
+        ).fetchall()
+        per = cur.execute(
+            "SELECT node, state, void, final, COUNT(*) FROM files GROUP BY node, state, void, final"
+        ).fetchall()
+        run = run_state(svc, cur)
+    counts: dict[str, dict[str, int]] = {}
+    for node, state, void, final, n in per:
+        c = counts.setdefault(
+            node, {"accepted": 0, "rejected": 0, "pending": 0, "void": 0, "final": 0}
+        )
+        if void:
+            c["void"] += n
+        elif state in ("accepted", "consumed", "trained"):
+            c["accepted"] += n
+        elif state == "rejected":
+            c["rejected"] += n
+        elif state in ("pending", "uploading"):
+            c["pending"] += n
+        if final:
+            c["final"] += n
+    out = []
+    for key, role, state, stake, slashed, reason, last_seen in nodes:
+        c = counts.get(key, {"accepted": 0, "rejected": 0, "pending": 0, "void": 0, "final": 0})
+        out.append(
+            {"key": key, "role": role, "state": state, "stake": stake, "slashed": slashed,
+             "reason": reason, "last_seen": last_seen, **c}
+        )  # fmt: skip
+    return {"run_id": svc.run_id, "run": run, "nodes": out}

@@ -1,0 +1,103 @@
+"""The orchestrator client every process uses: signed calls over HTTP (httpx).
+
+Only outbound connections, so a worker behind NAT can join. A call that
+cannot reach the orchestrator (connection refused, a 5xx, a timeout) is
+retried with backoff for up to `patience_s` seconds, each time signed anew
+(a fresh nonce): an orchestrator restart looks like a pause to the nodes.
+A 4xx is not retried: it raises `OrchestratorError` with the server's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import httpx
+
+from swarmrl.protocol.signing import sign_request
+
+log = logging.getLogger("swarmrl.client")
+
+
+class OrchestratorError(RuntimeError):
+    def __init__(self, status: int, detail: str, path: str):
+        super().__init__(f"{path}: {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class OrchestratorClient:
+    def __init__(self, url: str, key, timeout_s: float = 30.0, patience_s: float = 300.0):
+        self.url = url.rstrip("/")
+        self.key = key
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self.patience_s = patience_s
+        self.run_id: str | None = None
+
+    def run_params(self) -> dict:
+        params = self._send("GET", "/v1/run", signed=False)
+        self.run_id = params["run_id"]
+        return params
+
+    def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None):
+        if self.run_id is None:
+            self.run_params()
+        return self._send(method, path, body, params, signed=True)
+
+    def _send(self, method, path, body=None, params=None, signed=True):
+        content = b"" if body is None else json.dumps(body).encode()
+        deadline = time.time() + self.patience_s
+        delay = 0.2
+        while True:
+            req = self.http.build_request(method, path, params=params, content=content)
+            if body is not None:
+                req.headers["Content-Type"] = "application/json"
+            if signed:
+                target = req.url.raw_path.decode("latin-1")
+                req.headers.update(sign_request(self.key, self.run_id, method, target, content))
+            try:
+                resp = self.http.send(req)
+            except httpx.TransportError as e:
+                why = f"{type(e).__name__}: {e}"
+            else:
+                if resp.status_code < 400:
+                    return resp.json()
+                if resp.status_code < 500:
+                    try:
+                        detail = resp.json().get("detail", resp.text)
+                    except ValueError:
+                        detail = resp.text
+                    raise OrchestratorError(resp.status_code, str(detail), path)
+                why = f"HTTP {resp.status_code}"
+            # Recovered: the orchestrator is restarting or overloaded; try again.
+            if time.time() > deadline:
+                raise ConnectionError(
+                    f"orchestrator {self.url} unreachable for {self.patience_s:.0f}s: {why}"
+                )
+            log.warning("orchestrator %s %s: %s; retrying in %.1fs", method, path, why, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def get_bytes(self, url: str, limit: int) -> bytes:
+        """Download a signed object URL, refusing more than `limit` bytes."""
+        with httpx.stream("GET", url, timeout=60.0) as resp:
+            if resp.status_code != 200:
+                raise OrchestratorError(
+                    resp.status_code, resp.read().decode(errors="replace")[:300], url
+                )
+            chunks, n = [], 0
+            for chunk in resp.iter_bytes():
+                n += len(chunk)
+                if n > limit:
+                    raise OrchestratorError(413, f"object over {limit} bytes", url)
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    def put_bytes(self, url: str, data: bytes, headers: dict | None = None) -> None:
+        resp = httpx.put(url, content=data, headers=headers or {}, timeout=120.0)
+        if resp.status_code >= 300:
+            raise OrchestratorError(resp.status_code, resp.text[:300], "upload")
+
+    def close(self) -> None:
+        self.http.close()

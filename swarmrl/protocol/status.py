@@ -1,0 +1,70 @@
+"""`swarmrl status --orchestrator URL`: the public ledger of a run as a table."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import httpx
+
+
+def ledger_table(ledger: dict, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    run = ledger["run"]
+    head = (
+        f"run {ledger['run_id']}: trainer step {run['step']}, policy {run['policy']}"
+        f"{', done' if run['done'] else ''}{', paused' if run['paused'] else ''}"
+    )
+    cols = [
+        "node",
+        "role",
+        "state",
+        "seen",
+        "accepted",
+        "pending",
+        "rejected",
+        "void",
+        "final",
+        "stake",
+        "slashed",
+    ]
+    rows = [
+        [
+            n["key"][:16],
+            n["role"],
+            n["state"],
+            f"{max(0, now - n['last_seen']):.0f}s ago",
+            str(n["accepted"]),
+            str(n["pending"]),
+            str(n["rejected"]),
+            str(n["void"]),
+            str(n["final"]),
+            f"{n['stake']:.1f}",
+            f"{n['slashed']:.1f}",
+        ]
+        for n in ledger["nodes"]
+    ]
+    widths = [
+        max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)
+    ]
+    lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    reasons = [f"  {n['key'][:16]}: {n['reason']}" for n in ledger["nodes"] if n["reason"]]
+    if reasons:
+        lines += ["why nodes were ejected or banned:", *reasons]
+    return "\n".join(lines)
+
+
+def print_status(url: str, as_json: bool = False) -> int:
+    try:
+        resp = httpx.get(url.rstrip("/") + "/v1/ledger", timeout=10.0)
+    except httpx.TransportError as e:
+        print(f"swarmrl: cannot reach the orchestrator at {url}: {e}", file=sys.stderr)
+        return 2
+    if resp.status_code != 200:
+        print(f"swarmrl: {url}/v1/ledger answered {resp.status_code}", file=sys.stderr)
+        return 2
+    ledger = resp.json()
+    print(json.dumps(ledger, indent=1) if as_json else ledger_table(ledger))
+    return 0

@@ -1,0 +1,132 @@
+"""Signed requests, roles, the operator token and bad bodies: refused, and nothing changes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swarmrl.protocol.signing import sign_request
+from tests.unit.orch_util import Orch
+
+
+@pytest.fixture
+def orch(tmp_path):
+    return Orch(tmp_path)
+
+
+def _signed(orch, key, method, path, body: bytes, **change):
+    req = orch.http.build_request(method, path, content=body)
+    h = sign_request(
+        key, orch.svc.run_id, method, req.url.raw_path.decode(), body, now=orch.clock()
+    )
+    h.update(change)
+    req.headers.update(h)
+    req.headers["content-type"] = "application/json"
+    return req
+
+
+def test_each_signature_failure_is_401_and_changes_nothing(orch):
+    w = orch.worker("a")
+    body = json.dumps(
+        {"role": "worker", "hardware": {"cpus": 2, "memory_gb": 8, "tokens_per_s": 9}}
+    )
+    before = orch.snapshot()
+    cases = {}
+    req = orch.http.build_request("POST", "/v1/nodes/register", content=body.encode())
+    cases["unsigned"] = req
+    cases["bad signature"] = _signed(orch, w, "POST", "/v1/nodes/register", body.encode(),
+                                     **{"X-Swarm-Signature": "00" * 64})  # fmt: skip
+    stale = _signed(orch, w, "POST", "/v1/nodes/register", body.encode())
+    orch.clock.t += 120  # the window is 60 s
+    cases["stale timestamp"] = stale
+    fut = orch.clock.t
+    orch.clock.t -= 120
+    cases["future timestamp"] = _signed(orch, w, "POST", "/v1/nodes/register", body.encode())
+    orch.clock.t = fut
+    tampered = _signed(orch, w, "POST", "/v1/nodes/register", body.encode())
+    tampered.stream = None
+    cases["tampered body"] = orch.http.build_request(
+        "POST", "/v1/nodes/register", content=body.replace('"cpus": 2', '"cpus": 64').encode(),
+        headers={k: v for k, v in tampered.headers.items() if k.lower().startswith("x-swarm")},
+    )  # fmt: skip
+    q = _signed(orch, orch.trainer, "GET", "/v1/trainer/files?step=1", b"")
+    cases["tampered query"] = orch.http.build_request(
+        "GET", "/v1/trainer/files?step=2",
+        headers={k: v for k, v in q.headers.items() if k.lower().startswith("x-swarm")},
+    )  # fmt: skip
+    other_run = orch.http.build_request("POST", "/v1/nodes/register", content=body.encode())
+    other_run.headers.update(
+        sign_request(
+            w, "another-run", "POST", "/v1/nodes/register", body.encode(), now=orch.clock()
+        )
+    )
+    cases["another run's signature"] = other_run
+    cases["malformed key"] = _signed(orch, w, "POST", "/v1/nodes/register", body.encode(),
+                                     **{"X-Swarm-Key": "zz" * 32})  # fmt: skip
+    for what, req in cases.items():
+        r = orch.http.send(req)
+        assert r.status_code == 401, (what, r.status_code, r.text)
+    assert orch.snapshot() == before
+    ok = _signed(orch, w, "POST", "/v1/nodes/register", body.encode())
+    assert orch.http.send(ok).status_code == 200
+    replayed = orch.http.send(ok)  # the same request again: its nonce is spent
+    assert replayed.status_code == 401 and "nonce" in replayed.json()["detail"]
+
+
+def test_roles_a_worker_cannot_call_trainer_or_validator_endpoints(orch):
+    w = orch.worker("a")
+    orch.register(w)
+    before = orch.snapshot()
+    for method, path, body in [
+        ("POST", "/v1/trainer/step", {"step": 3}),
+        ("POST", "/v1/trainer/published", {"version": 3}),
+        ("GET", "/v1/trainer/files?step=1", None),
+        ("POST", "/v1/trainer/consume", {"step": 1, "keys": []}),
+        ("POST", "/v1/trainer/resume", {"version": 0}),
+        ("POST", "/v1/validation/claim", {}),
+    ]:
+        r = orch.call(w, method, path, body)
+        assert r.status_code == 403, (path, r.status_code, r.text)
+    assert orch.call(orch.validator, "POST", "/v1/trainer/step", {"step": 3}).status_code == 403
+    assert orch.snapshot() == before
+
+
+def test_operator_endpoints_need_the_bearer_token(orch):
+    w = orch.worker("a")
+    orch.register(w)
+    key = orch.ledger().popitem()[0]
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": orch.token}):
+        r = orch.http.post(f"/v1/admin/nodes/{key}/ban", headers=headers)
+        assert r.status_code == 401
+    assert orch.ledger()[key]["state"] == "registered"
+    auth = {"Authorization": f"Bearer {orch.token}"}
+    assert orch.http.post(f"/v1/admin/nodes/{key}/ban", headers=auth).status_code == 200
+    assert orch.ledger()[key]["state"] == "banned"
+    r = orch.call(w, "POST", "/v1/nodes/heartbeat", {"want_work": True})
+    assert r.status_code == 403 and "banned" in r.json()["detail"]
+    assert orch.http.post(f"/v1/admin/nodes/{key}/unban", headers=auth).status_code == 200
+    assert orch.register(w)["state"] == "registered"
+    r = orch.http.post("/v1/admin/run", headers=auth, json={"paused": True})
+    assert r.status_code == 200 and r.json()["paused"]
+
+
+def test_bad_bodies_are_4xx_never_5xx(orch):
+    w = orch.worker("a")
+    cases = [
+        ("POST", "/v1/nodes/register", b"not json"),
+        ("POST", "/v1/nodes/register", b'{"role": "boss"}'),
+        ("POST", "/v1/nodes/register", b'{"role": "worker", "hardware": {"cpus": "many"}}'),
+        ("POST", "/v1/nodes/register", b'{"role": "worker"}'),
+        ("POST", "/v1/nodes/register", b'{"role": "relay", "url": "file:///etc/passwd"}'),
+        ("POST", "/v1/nodes/heartbeat", b'{"policy_version": -4}'),
+        ("POST", "/v1/uploads", b'{"counter": 1, "size": 10, "sha256": "xyz"}'),
+        ("POST", "/v1/nodes/register", b"[" * 100_000),
+        ("POST", "/v1/nodes/register", b'{"role": "worker", "pad": "' + b"x" * (2 << 20) + b'"}'),
+    ]
+    for method, path, raw in cases:
+        r = orch.call(w, method, path, raw=raw)
+        assert 400 <= r.status_code < 500, (path, raw[:60], r.status_code, r.text[:200])
+    big = orch.call(w, "POST", "/v1/nodes/register", raw=b" " * (2 << 20))
+    assert big.status_code == 413
+    assert orch.ledger() == {}

@@ -1,0 +1,274 @@
+"""The ledger suite: nodes, assignments, uploads, verdicts, slashing and finality,
+run on SQLite and on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import pytest
+
+from swarmrl.protocol.identity import public_key_hex
+from swarmrl.validator.record import Verdict
+from tests.unit.orch_util import HW, Orch, new_pg_database, postgres_url  # noqa: F401
+
+AUTH = "Authorization"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def orch(request, tmp_path):
+    def make(*overrides: str) -> Orch:
+        if request.param == "sqlite":
+            return Orch(tmp_path, *overrides)
+        base = request.getfixturevalue("postgres_url")
+        return Orch(tmp_path, *overrides, database=new_pg_database(base, tmp_path.name.lower()))
+
+    return make
+
+
+def _verdict(o: Orch, f: dict, accepted: bool, check: str = "") -> dict:
+    v = Verdict(f["key"], f["sha256"], f["node"], f["assignment"]["step"],
+                f["assignment"]["policy_step"], accepted, check=check,
+                reason="" if accepted else "proof mismatch")  # fmt: skip
+    return {"verdict": dataclasses.asdict(v.signed(o.validator))}
+
+
+def _file(o: Orch, key, policy: int, payload: bytes) -> dict:
+    a = o.assignment(key, policy)["assignment"]
+    return o.upload(key, a["counter"], payload)
+
+
+def test_work_flows_from_assignment_to_training(orch):
+    o = orch()
+    w = o.worker("a")
+    assert o.call(w, "POST", "/v1/nodes/heartbeat", {"want_work": True}).status_code == 403
+    assert o.register(w) == {"state": "registered", "stake": 100.0, "max_new_tokens": 16}
+    assert o.assignment(w, 0)["wait"] == "no-trainer"
+    o.open_step(1, 0)
+    a = o.assignment(w, 0)["assignment"]
+    assert a["step"] == 1 and a["policy_step"] == 0 and a["counter"] >= 1
+    assert o.assignment(w, 0)["assignment"]["counter"] == a["counter"]  # a lost answer: same
+    g = o.upload(w, a["counter"], b"file one")
+    claim = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})
+    f = claim["file"]
+    assert f["key"] == g["key"] and f["assignment"]["seed"] == a["seed"]
+    assert o.http.get(f["url"].removeprefix("http://testserver")).content == b"file one"
+    assert o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"] is None
+    assert (
+        o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, f, True))["state"]
+        == "accepted"
+    )
+    files = o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]
+    assert [x["key"] for x in files] == [g["key"]] and files[0]["verdict"]["accepted"]
+    assert o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": 1, "keys": [g["key"]]})[
+        "consumed"
+    ] == [g["key"]]
+    assert o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"] == []
+    # a crash before version 1 was published: resume(0) puts the file back
+    assert o.ok(o.trainer, "POST", "/v1/trainer/resume", {"version": 0})["returned"] == 1
+    assert len(o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]) == 1
+    o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": 1, "keys": [g["key"]]})
+    o.ok(o.trainer, "POST", "/v1/trainer/published", {"version": 1})
+    assert o.svc.objects.size(g["key"]) is None  # trained: the object is gone, the record stays
+    assert o.ledger()[public_key_hex(w)]["accepted"] == 1
+
+
+def test_counters_are_issued_not_chosen_and_capacity_is_bounded(orch):
+    o = orch("trainer.batch_groups=16", "worker.groups_per_file=8")
+    a, b = o.worker("a"), o.worker("b")
+    o.register(a), o.register(b)
+    o.open_step(1, 0)
+    ca = o.assignment(a, 0)["assignment"]["counter"]
+    cb = o.assignment(b, 0)["assignment"]["counter"]
+    assert ca != cb
+    c = o.worker("c")
+    o.register(c)
+    assert o.assignment(c, 0)["wait"] == "enough-work"  # 16 groups out already
+    # a counter it was not issued, or another node's: refused, nothing recorded
+    sha = hashlib.sha256(b"x").hexdigest()
+    for counter in (cb, 999):
+        r = o.call(a, "POST", "/v1/uploads", {"counter": counter, "size": 1, "sha256": sha})
+        assert r.status_code == 403
+    o.upload(a, ca, b"from a")
+    r = o.call(
+        b,
+        "POST",
+        "/v1/uploads",
+        {"counter": cb, "size": 6, "sha256": hashlib.sha256(b"from a").hexdigest()},
+    )
+    assert r.status_code == 409  # the same bytes twice: a replay
+    assert o.assignment(a, 2)["wait"] == "unknown-policy"
+
+
+def test_silent_node_goes_unhealthy_then_dead_and_its_work_is_reissued(orch):
+    from swarmrl.orchestrator.nodes import sweep
+
+    o = orch("orchestrator.unhealthy_after_s=5", "orchestrator.dead_after_s=20")
+    a, b = o.worker("a"), o.worker("b")
+    o.register(a), o.register(b)
+    o.open_step(1, 0)
+    lost = o.assignment(a, 0)["assignment"]
+    o.clock.t += 6
+    o.ok(b, "POST", "/v1/nodes/heartbeat", {"want_work": False})  # b heartbeats; a is silent
+    sweep(o.svc)
+    led = o.ledger()
+    assert (
+        led[public_key_hex(a)]["state"] == "unhealthy"
+        and led[public_key_hex(b)]["state"] == "healthy"
+    )
+    o.clock.t += 20
+    o.ok(b, "POST", "/v1/nodes/heartbeat", {"want_work": False})
+    sweep(o.svc)
+    assert o.ledger()[public_key_hex(a)]["state"] == "dead"
+    got = o.assignment(b, 0)["assignment"]
+    assert got["reissue_of"] == lost["counter"] and got["step"] == 1
+    r = o.call(a, "POST", "/v1/nodes/heartbeat", {"want_work": True})
+    assert r.status_code == 409  # dead: must register again
+    assert o.register(a)["state"] == "registered"
+    assert o.ledger()[public_key_hex(a)]["stake"] == 100.0  # the stake was not taken twice
+
+
+def test_cheater_is_ejected_voided_slashed_and_cannot_come_back(orch):
+    from swarmrl.orchestrator.work import finalize
+
+    o = orch(
+        "orchestrator.validity_window_s=100",
+        "orchestrator.slash_fraction=0.5",
+        "trainer.batch_groups=1000",
+    )
+    honest, cheat = o.worker("honest"), o.worker("cheat")
+    o.register(honest), o.register(cheat)
+    o.open_step(1, 0)
+    _file(o, honest, 0, b"honest 1")
+    _file(o, cheat, 0, b"cheat 1")
+    judged = {}
+    for _ in range(2):
+        f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+        judged[f["node"]] = o.ok(o.validator, "POST", "/v1/validation/verdict",
+                                 _verdict(o, f, True))  # fmt: skip
+    assert all(v["state"] == "accepted" for v in judged.values())
+    _file(o, cheat, 0, b"cheat 2")
+    f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+    r = o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, f, False, "proof"))
+    assert r == {"state": "rejected", "ejected": True}
+    led = o.ledger()
+    c, h = led[public_key_hex(cheat)], led[public_key_hex(honest)]
+    assert c["state"] == "ejected" and c["slashed"] == 50.0 and c["stake"] == 50.0
+    assert c["void"] == 2 and c["accepted"] == 0  # its accepted file is void too
+    assert h["state"] == "healthy" and h["slashed"] == 0 and h["accepted"] == 1
+    assert "proof" in c["reason"]
+    files = o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]
+    assert [x["node"] for x in files] == [public_key_hex(honest)]
+    r = o.call(cheat, "POST", "/v1/nodes/register", {"role": "worker", "hardware": HW})
+    assert r.status_code == 403
+    assert o.call(cheat, "POST", "/v1/nodes/heartbeat", {"want_work": True}).status_code == 403
+    assert finalize(o.svc) == 0
+    o.clock.t += 101
+    assert finalize(o.svc) == 1
+    assert o.ledger()[public_key_hex(honest)]["final"] == 1
+    events = o.http.get("/v1/ledger").json()
+    assert events["nodes"][0]["key"] == public_key_hex(honest)
+
+
+def test_a_validator_error_refuses_the_file_without_punishing(orch):
+    o = orch()
+    w = o.worker("a")
+    o.register(w)
+    o.open_step(1, 0)
+    _file(o, w, 0, b"breaks the checker")
+    f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+    r = o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, f, False, "error"))
+    assert r == {"state": "rejected", "ejected": False}
+    assert o.ledger()[public_key_hex(w)]["state"] == "healthy"
+
+
+def test_forged_or_foreign_verdicts_are_refused(orch):
+    o = orch()
+    w = o.worker("a")
+    o.register(w)
+    o.open_step(1, 0)
+    _file(o, w, 0, b"some file")
+    f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+    body = _verdict(o, f, True)
+    body["verdict"]["reason"] = "edited after signing"
+    assert o.call(o.validator, "POST", "/v1/validation/verdict", body).status_code == 403
+    other = dataclasses.asdict(
+        Verdict(f["key"], "0" * 64, f["node"], 1, 0, True).signed(o.validator)
+    )
+    assert (
+        o.call(o.validator, "POST", "/v1/validation/verdict", {"verdict": other}).status_code == 409
+    )
+    assert o.ledger()[public_key_hex(w)]["pending"] == 1
+
+
+def test_validator_that_dies_loses_its_lease(orch):
+    o = orch("orchestrator.validation_lease_s=30")
+    w = o.worker("a")
+    o.register(w)
+    o.open_step(1, 0)
+    _file(o, w, 0, b"judge me")
+    first = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+    assert o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"] is None
+    o.clock.t += 31
+    again = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+    assert again["key"] == first["key"]
+
+
+def test_state_survives_a_restart(orch):
+    o = orch()
+    w = o.worker("a")
+    o.register(w)
+    o.open_step(1, 0)
+    g = _file(o, w, 0, b"durable")
+    run_id = o.svc.run_id
+    o.restart()
+    assert o.svc.run_id == run_id
+    assert o.ledger()[public_key_hex(w)]["pending"] == 1
+    f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+    assert f["key"] == g["key"]
+    assert o.http.get(f["url"].removeprefix("http://testserver")).content == b"durable"
+
+
+def test_length_budget_and_requirements_follow_the_measured_speed(orch):
+    o = orch("orchestrator.file_seconds=10", "orchestrator.min_tokens_per_s=5")
+    fast, slow, weak = o.worker("fast"), o.worker("slow"), o.worker("weak")
+    assert o.register(fast, HW | {"tokens_per_s": 1e4})["max_new_tokens"] == 16
+    # 64 samples per file, 10 s: 40 tokens/s fills 6 tokens per sample, floor 8
+    assert o.register(slow, HW | {"tokens_per_s": 40.0})["max_new_tokens"] == 8
+    r = o.call(
+        weak,
+        "POST",
+        "/v1/nodes/register",
+        {"role": "worker", "hardware": HW | {"tokens_per_s": 1.0}},
+    )
+    assert r.status_code == 403 and "tokens/s" in r.json()["detail"]
+    o.open_step(1, 0)
+    assert o.assignment(slow, 0)["assignment"]["max_new_tokens"] == 8
+
+
+def test_spot_checks_send_a_fraction_to_validators(orch):
+    o = orch("validator.sample_rate=0.5", "trainer.batch_groups=10000")
+    w = o.worker("a")
+    o.register(w)
+    o.open_step(1, 0)
+    for i in range(60):
+        _file(o, w, 0, b"file %d" % i)
+    files = o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]
+    unchecked = [f for f in files if not f["checked"]]
+    assert 10 <= len(unchecked) <= 50  # 60 draws at 1/2: outside this range ~1e-5
+    assert all(f["verdict"] is None for f in unchecked)
+
+
+def test_relays_reported_by_several_nodes_stop_being_advertised(orch):
+    o = orch("orchestrator.relay_reports=2", 'shardcast.servers=["http://127.0.0.1:9"]')
+    relay = o.worker("relay")
+    o.ok(relay, "POST", "/v1/nodes/register", {"role": "relay", "url": "http://127.0.0.1:7001"})
+    assert o.http.get("/v1/run").json()["servers"] == [
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:7001",
+    ]
+    a, b = o.worker("a"), o.worker("b")
+    o.register(a), o.register(b)
+    for k in (a, a, b):
+        o.ok(k, "POST", "/v1/relays/report", {"url": "http://127.0.0.1:7001", "what": "bad shard"})
+    assert o.http.get("/v1/run").json()["servers"] == ["http://127.0.0.1:9"]
