@@ -113,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="take the task settings (lengths) from this run config")
     p.add_argument("overrides", nargs="*", help="dotted overrides of that config")
     sub.add_parser("config-docs", help="print the configuration reference (docs/config.md)")
+    sub.add_parser("openapi", help="print the orchestrator's OpenAPI document (docs/openapi.json)")
     return ap
 
 
@@ -178,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{res['model']} on {res['task']} (n={res['n']}): accuracy {res['accuracy']:.3f}, mean reward {res['mean_reward']:.3f} ({res['seconds']:.1f}s)"
                 )
+            return 0
+        if args.command == "openapi":
+            from swarmrl.orchestrator.app import openapi_spec
+
+            print(json.dumps(openapi_spec(), indent=1, sort_keys=True))
             return 0
         if args.command == "keygen":
             from swarmrl.protocol.identity import load_or_create_key, public_key_hex

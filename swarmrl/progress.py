@@ -41,7 +41,10 @@ def _jsonl(path: Path) -> list[dict]:
 
 def weights_lag(run: Path, last: int = 8) -> float | None:
     """Mean seconds from publish to a node having the version, over the last rows."""
-    rows = _jsonl(run / "weights_latency.jsonl")[-last:]
+    rows = _jsonl(run / "weights_latency.jsonl")
+    for node in (run / "nodes").glob("*/weights_latency.jsonl"):
+        rows += _jsonl(node)
+    rows = sorted(rows, key=lambda r: r["time"])[-last:]
     return sum(r["latency_s"] for r in rows) / len(rows) if rows else None
 
 

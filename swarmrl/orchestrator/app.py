@@ -357,4 +357,52 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
             return FileResponse(path)
 
     app.add_middleware(BodyLimit, limit=svc.cfg.orchestrator.max_request_bytes)
+    app.openapi = lambda: _with_security(app)
     return app
+
+
+SIGNED_DOC = (
+    "ed25519 signature (hex) by X-Swarm-Key over 'swarmrl-v1\\n' RUN_ID '\\n' METHOD '\\n' "
+    "PATH?QUERY '\\n' X-Swarm-Timestamp '\\n' X-Swarm-Nonce '\\n' sha256(body) (see "
+    "swarmrl/protocol/signing.py)"
+)
+
+
+def _with_security(app: FastAPI) -> dict:
+    """The generated document plus how each route authenticates."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    doc = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    doc.setdefault("components", {})["securitySchemes"] = {
+        "signed": {"type": "apiKey", "in": "header", "name": "X-Swarm-Signature", "description": SIGNED_DOC},
+        "operator": {"type": "http", "scheme": "bearer", "description": "The operator's token"},
+    }  # fmt: skip
+    for path, ops in doc["paths"].items():
+        for op in ops.values():
+            if path.startswith("/v1/admin/"):
+                op["security"] = [{"operator": []}]
+            elif path.startswith(("/v1/nodes/", "/v1/uploads", "/v1/submit", "/v1/relays/",
+                                  "/v1/validation/", "/v1/trainer/")):  # fmt: skip
+                op["security"] = [{"signed": []}]
+    app.openapi_schema = doc
+    return doc
+
+
+def openapi_spec() -> dict:
+    """The API's OpenAPI document, from an app over a scratch service (docs/openapi.json)."""
+    import tempfile
+
+    from swarmrl.config import RunConfig
+    from swarmrl.orchestrator.db import SQLiteDatabase
+
+    with tempfile.TemporaryDirectory() as d:
+        db = SQLiteDatabase(Path(d) / "spec.sqlite")
+        svc = Service(cfg=RunConfig(), db=db, objects=LocalObjectStore(Path(d), b"x", "http://x"))
+        try:
+            return build_app(svc).openapi()
+        finally:
+            db.close()

@@ -7,7 +7,15 @@ import subprocess
 import pytest
 
 from swarmrl.models.loading import load_model
-from tests.integration.conftest import kill, pid_of, read_metrics, swarm_cmd, wait_for
+from tests.integration.conftest import (
+    at,
+    free_port,
+    kill,
+    pid_of,
+    read_metrics,
+    swarm_cmd,
+    wait_for,
+)
 
 
 def _steps(rows):
@@ -51,16 +59,19 @@ def _assert_weights_came_through_the_relay(run, steps):
     relay_url, origin_url = re.search(
         r"at (http://\S+), following \['(http://[^']+)'\]", relay_log
     ).groups()
-    rows = [json.loads(x) for x in (run / "weights_latency.jsonl").read_text().splitlines()]
+    everyone = []
     for w in ("worker-0", "worker-1"):
-        versions = sorted(r["version"] for r in rows if r["node"] == w)
+        latency = run / "nodes" / w / "weights_latency.jsonl"
+        rows = [json.loads(x) for x in latency.read_text().splitlines()]
+        everyone += rows
+        versions = sorted(r["version"] for r in rows)
         assert len(versions) >= steps // 4, f"{w} got only versions {versions}"
         log = (run / "logs" / f"{w}.log").read_text()
         used = set(re.findall(r"loaded policy version (\d+)", log))
         assert used and used <= {str(v) for v in versions}  # every version it used was downloaded
         servers = set(re.findall(r"'(http://[^']+)': \{'ema_MBps'", log))
         assert servers == {relay_url} and origin_url not in log
-    assert all(0 <= r["latency_s"] < 30 for r in rows)
+    assert all(0 <= r["latency_s"] < 30 for r in everyone)
 
 
 # a curriculum that moves within a few steps: up at the warm start's reward level
@@ -106,20 +117,47 @@ def test_trainer_killed_then_resumed_loses_and_repeats_nothing(tiny_model, tmp_p
 
 
 def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
+    """A node that uploads a file that is not parquet through the protocol: the
+    validator rejects it, the node is ejected and slashed; a killed worker is restarted."""
+    import hashlib
+
+    from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
+    from swarmrl.protocol.identity import load_or_create_key
+
     steps = 8
     run = tmp_path / "runs" / "tiny"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}"),
+        swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}", *at(url)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         wait_for(lambda: len(read_metrics(run)) >= 2, 300, "step 2", proc)
-        bad = run / "store" / "rollouts" / "step_000003" / f"{'ab' * 16}-1-p000002-g8.parquet"
-        bad.parent.mkdir(parents=True, exist_ok=True)
-        bad.write_bytes(b"PAR1 this is not a parquet file")
+        rogue = OrchestratorClient(url, load_or_create_key(tmp_path / "rogue.key"))
+        hw = {"cpus": 1, "memory_gb": 4.0, "tokens_per_s": 1000.0}
+        rogue.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": hw})
+        policy = rogue.call("POST", "/v1/nodes/heartbeat", {})["policy"]
+        a = wait_for(
+            lambda: rogue.call(
+                "POST", "/v1/nodes/heartbeat", {"policy_version": policy, "want_work": True}
+            )["assignment"],
+            120, "an assignment for the rogue node", proc,
+        )  # fmt: skip
+        bad = b"PAR1 this is not a parquet file"
+        sha = hashlib.sha256(bad).hexdigest()
+        grant = rogue.call(
+            "POST", "/v1/uploads", {"counter": a["counter"], "size": len(bad), "sha256": sha}
+        )
+        rogue.put_bytes(grant["url"], bad)
+        rogue.call("POST", "/v1/submit", {"key": grant["key"], "sha256": sha})
         kill(wait_for(lambda: pid_of(run, "worker"), 10, "a worker pid"))
+        wait_for(lambda: _state(url, rogue) == "ejected", 120, "the rogue node ejected", proc)
+        with pytest.raises(OrchestratorError) as refused:
+            rogue.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": hw})
+        assert refused.value.status == 403
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -127,12 +165,20 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
     assert proc.returncode == 0, err[-3000:]
     rows = read_metrics(run)
     assert _steps(rows) == list(range(1, steps + 1))
-    assert sum(r["rejected_files"] for r in rows) == 1
-    reasons = list((run / "store" / "rejected").glob("*.reason.txt"))
-    assert len(reasons) == 1 and "not a readable parquet" in reasons[0].read_text()
-    # the validator judged it (the trainer takes only files with a verdict)
-    assert "REJECTED rollouts/step_000003" in (run / "logs" / "validator-0.log").read_text()
+    log = (run / "logs" / "validator-0.log").read_text()
+    assert f"REJECTED {grant['key']}: schema" in log and "not a readable parquet" in log
     assert "exited with code -9; restarting" in out
+    assert "ejected 1, slashed 100" in out
+
+
+def _state(url, client) -> str:
+    import httpx
+
+    from swarmrl.protocol.identity import public_key_hex
+
+    me = public_key_hex(client.key)
+    nodes = httpx.get(url + "/v1/ledger", timeout=5).json()["nodes"]
+    return next(n["state"] for n in nodes if n["key"] == me)
 
 
 def test_difficulty_rises_and_signal_stays_above_the_floor(tiny_model, tmp_path):
@@ -155,8 +201,8 @@ def test_difficulty_rises_and_signal_stays_above_the_floor(tiny_model, tmp_path)
     assert rows[0]["level"] == 0 and max(r["level"] for r in rows) >= 1, [r["level"] for r in rows]
     verdicts = [json.loads(x) for x in (run / "verdicts.jsonl").read_text().splitlines()]
     assert verdicts and all(v["accepted"] for v in verdicts)
-    leveled = [json.loads(p.read_text())["level"] for p in (run / "sampler").glob("step_*.json")]
-    assert max(leveled) >= 1
+    first_up = min(r["step"] for r in rows if r["level"] >= 1)
+    assert any(v["step"] >= first_up for v in verdicts)  # files of the harder level passed
     signal = sum(r["signal_fraction"] for r in rows) / len(rows)
     assert signal >= 0.3, [round(r["signal_fraction"], 2) for r in rows]
     assert all(r["groups_read"] <= 4 * 16 for r in rows), [r["groups_read"] for r in rows]
@@ -251,3 +297,16 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
     assert all(not v["accepted"] for vs in cheaters.values() for v in vs)
     assert sum(r["rejected_files"] for r in read_metrics(run)) >= len(judged)
     assert "cheater files rejected" in res.stdout
+    # the ledger: every judged cheater ejected and slashed, no honest node touched
+    import sqlite3
+
+    db = sqlite3.connect(run / "orchestrator" / "state.sqlite")
+    state = {
+        k: (s, slashed) for k, s, slashed in db.execute("SELECT key, state, slashed FROM nodes")
+    }
+    for key, name in names.items():
+        if name in judged:
+            assert state[key] == ("ejected", 100.0), (name, state[key])
+        elif name.startswith("worker-"):
+            assert state[key][1] == 0.0 and state[key][0] != "ejected", (name, state[key])
+    assert "ejected" in res.stdout
