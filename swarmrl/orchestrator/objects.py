@@ -14,10 +14,16 @@ trainer only ever see URLs, so none of them holds a store credential.
   absolute paths and every character outside [A-Za-z0-9_.-/]). `receive`
   streams the body to a temp file, refuses more bytes than the URL allows or
   a different sha256, and renames it into place only when both match.
-- `S3ObjectStore`: any S3-compatible store (boto3). Presigned PUT URLs carry
-  the content length and the base64 sha256 as signed headers
-  (`x-amz-checksum-sha256`), so the store itself refuses other bytes; the
-  orchestrator checks the size again at submit.
+- `S3ObjectStore`: any S3-compatible store (boto3, SigV4). Presigned PUT URLs
+  carry the content length and the base64 sha256 (`x-amz-checksum-sha256`),
+  which AWS S3 enforces; not every S3-compatible server does (moto does
+  not), so at submit the orchestrator reads the object back and checks its
+  size and sha256 itself (`verify`), whichever the store.
+
+A URL stays valid until it expires, so a node could overwrite its object
+after submitting it: the validator and the trainer hash what they download
+and refuse bytes other than the submitted sha256 (the validator's verdict
+then rejects the file and the node is ejected).
 """
 
 from __future__ import annotations
@@ -54,9 +60,21 @@ class ObjectError(ValueError):
 
 class ObjectStore(Protocol):
     def upload_url(self, key: str, node: str, size: int, sha256: str, expires: int) -> str: ...
+    def upload_headers(self, sha256: str) -> dict[str, str]: ...
     def download_url(self, key: str, expires: int) -> str: ...
-    def size(self, key: str) -> int | None: ...
+    def verify(self, key: str, size: int, sha256: str) -> str | None: ...
     def delete(self, key: str) -> None: ...
+
+
+def _verify(data: bytes | None, size: int, sha256: str) -> str | None:
+    """Why stored bytes are not the granted ones, or None when they are."""
+    if data is None:
+        return "the object has not been uploaded"
+    if len(data) != size:
+        return f"the object is {len(data)} bytes, the grant was for {size}"
+    if hashlib.sha256(data).hexdigest() != sha256:
+        return "the object does not hash to the granted sha256"
+    return None
 
 
 class LocalObjectStore:
@@ -146,6 +164,19 @@ class LocalObjectStore:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def upload_headers(self, sha256: str) -> dict[str, str]:
+        return {}
+
+    def verify(self, key: str, size: int, sha256: str) -> str | None:
+        path = self._path(key)
+        try:
+            if path.stat().st_size != size:  # refused before reading a large object
+                return f"the object is {path.stat().st_size} bytes, the grant was for {size}"
+            data = path.read_bytes()
+        except FileNotFoundError:
+            data = None
+        return _verify(data, size, sha256)
+
     def size(self, key: str) -> int | None:
         try:
             return self._path(key).stat().st_size
@@ -159,9 +190,15 @@ class LocalObjectStore:
 class S3ObjectStore:
     def __init__(self, bucket: str, endpoint: str = "", region: str = "us-east-1"):
         import boto3
+        from botocore.config import Config
 
         self.bucket = bucket
-        self.s3 = boto3.client("s3", endpoint_url=endpoint or None, region_name=region)
+        self.s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint or None,
+            region_name=region,
+            config=Config(signature_version="s3v4"),
+        )
         try:
             self.s3.head_bucket(Bucket=bucket)
         except self.s3.exceptions.ClientError:
@@ -192,11 +229,20 @@ class S3ObjectStore:
             ExpiresIn=max(1, int(expires - time.time())),
         )
 
-    def size(self, key: str) -> int | None:
+    def upload_headers(self, sha256: str) -> dict[str, str]:
+        return {"x-amz-checksum-sha256": base64.b64encode(bytes.fromhex(sha256)).decode()}
+
+    def verify(self, key: str, size: int, sha256: str) -> str | None:
+        """Reads the object back: a store that does not enforce the signed length and
+        checksum headers (some S3-compatible ones do not) still cannot pass other bytes."""
         try:
-            return int(self.s3.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+            head = self.s3.head_object(Bucket=self.bucket, Key=check_key(key))
+            if int(head["ContentLength"]) != size:
+                return f"the object is {head['ContentLength']} bytes, the grant was for {size}"
+            data = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except self.s3.exceptions.ClientError:
-            return None
+            data = None
+        return _verify(data, size, sha256)
 
     def delete(self, key: str) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key=key)

@@ -205,7 +205,8 @@ def grant_upload(svc: Service, key: str, counter: int, size: int, sha256: str) -
             cur.execute("UPDATE files SET size = ? WHERE counter = ?", (size, counter))
     expires = int(now + o.upload_url_ttl_s)
     url = svc.objects.upload_url(object_key, key, size, sha256, expires)
-    return {"key": object_key, "url": url, "expires": expires, "headers": {}}
+    headers = svc.objects.upload_headers(sha256)
+    return {"key": object_key, "url": url, "expires": expires, "headers": headers}
 
 
 def submit(svc: Service, key: str, object_key: str, sha256: str) -> dict:
@@ -220,11 +221,9 @@ def submit(svc: Service, key: str, object_key: str, sha256: str) -> dict:
             raise ApiError(409, "sha256 differs from the one the upload URL was granted for")
         if row[3] != "uploading":
             return {"state": row[3]}
-        stored = svc.objects.size(object_key)
-        if stored is None:
-            raise ApiError(409, "the object has not been uploaded")
-        if stored != row[2]:
-            raise ApiError(409, f"the object is {stored} bytes, the grant was for {row[2]}")
+        wrong = svc.objects.verify(object_key, row[2], sha256)
+        if wrong is not None:
+            raise ApiError(409, wrong)
         checked = rate >= 1.0 or secrets.randbelow(1 << 30) < rate * (1 << 30)
         state = "pending" if checked else "accepted"
         cur.execute(

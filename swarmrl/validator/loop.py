@@ -150,6 +150,19 @@ def _issued_context(ctx: Context, issued: dict) -> Context:
     return dataclasses.replace(ctx, cfg=cfg, sampler_states=_IssuedState(issued["step"], state))
 
 
+def judge_claimed(judge: Judge, f: dict, data: bytes, trainer_step: int | None) -> Verdict | None:
+    """The verdict on a file claimed from the orchestrator (`f`: the claim's file).
+    Bytes that are not the submitted sha256 (the object was overwritten after
+    submission, which only its uploader's URL allows) are rejected outright."""
+    if sha256(data) != f["sha256"]:
+        a = f["assignment"]
+        v = Verdict(f["key"], f["sha256"], f["node"], a["step"], a["policy_step"], False)
+        v.check, v.reason = "identity", "the stored bytes are not the ones submitted"
+        v.time = time.time()
+        return v.signed(judge.key)
+    return judge.judge(f["key"], data, trainer_step, issued=f["assignment"])
+
+
 def log_verdict(v: Verdict, log_path: Path) -> None:
     row = {k: getattr(v, k) for k in ("key", "node", "step", "policy_step", "accepted", "check")}
     row |= {"reason": v.reason[:300], "samples": len(v.samples), "seconds": v.seconds}
@@ -190,7 +203,7 @@ def run_validator(cfg: RunConfig, index: int) -> None:
             log.warning("could not download %s: %s", f["key"], e)
             time.sleep(cfg.validator.poll_s)
             continue
-        v = judge.judge(f["key"], data, r["trainer_step"], issued=f["assignment"])
+        v = judge_claimed(judge, f, data, r["trainer_step"])
         if v is None:
             log.info("policy of %s not mirrored yet; it will be claimed again", f["key"])
             continue

@@ -74,5 +74,7 @@ def test_generated_requests_never_get_a_5xx(case, orch):
         )
     signed = orch.http.send(req)
     assert signed.status_code < 500, (case.method, case.path, signed.text[:300])
-    if 200 <= signed.status_code < 300 and not path.startswith(("/metrics", "/objects", "/v1/run/dataset")):
+    if 200 <= signed.status_code < 300 and not path.startswith(
+        ("/metrics", "/objects", "/v1/run/dataset")
+    ):
         assert isinstance(signed.json(), dict)

@@ -220,3 +220,27 @@ def test_configured_proof_thresholds_are_applied(setup):
         assert e.value.check == "proof"
     finally:
         judge.ctx.thresholds = published
+
+
+def test_claimed_files_are_judged_against_the_issued_assignment(random_model_dir, tmp_path):
+    """The orchestrator's claim carries the sampler state and length budget of the
+    assignment: a file made for them passes; the same file judged against another
+    issued level fails; bytes other than the submitted ones are rejected outright."""
+    from swarmrl.protocol.assign import parse_rollout_key
+    from swarmrl.validator.checks import sha256
+    from swarmrl.validator.loop import judge_claimed
+
+    cfg = small_run(tmp_path, random_model_dir)
+    judge = make_judge(cfg, tmp_path / "j")
+    maker = Maker(cfg, tmp_path, name="claimed", state=SamplerState(level=2))
+    key, data = maker.file(step=1)
+    info = parse_rollout_key(key)
+    issued = {"step": 1, "policy_step": 0, "sampler": {"level": 2, "weights": {}},
+              "max_new_tokens": cfg.sampling.max_new_tokens}  # fmt: skip
+    claim = {"key": key, "sha256": sha256(data), "node": info["node"], "assignment": issued}
+    assert judge_claimed(judge, claim, data, 2).accepted
+    other = claim | {"assignment": issued | {"sampler": {"level": 0, "weights": {}}}}
+    v = judge_claimed(judge, other, data, 2)
+    assert not v.accepted and v.check == "assignment"
+    v = judge_claimed(judge, claim | {"sha256": "0" * 64}, data, 2)
+    assert not v.accepted and v.check == "identity" and v.sha256 == "0" * 64
