@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TINY := models/tiny-reverse_text
 INIT_ARGS ?=  # e.g. INIT_ARGS="--threads 1 --seed 1" for the warm start
 
-.PHONY: run test test-all lint bench venv clean
+.PHONY: run test test-all lint bench venv clean postgres
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,10 +26,18 @@ $(TINY)/warm_start.json: $(STAMP)
 run: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/swarmrl rl --config configs/tiny.toml --fresh
 
-test: $(STAMP)
+# The ledger tests also run on a real PostgreSQL server (the Debian package); they are
+# skipped, saying why, where it cannot be installed.
+postgres:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  ( [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null ) || \
+	  echo "make: no PostgreSQL server could be installed; its ledger tests will be skipped"
+
+test: $(STAMP) postgres
 	$(BIN)/pytest -q
 
-test-all: $(STAMP)
+test-all: $(STAMP) postgres
 	$(BIN)/pytest -q -m ''
 
 lint: $(STAMP)

@@ -35,9 +35,14 @@ keeps idle connections 3 s, under uvicorn's 5 s keep-alive, so a request is
 never sent on a connection the server is closing. Signing happens per
 request with a fresh nonce and timestamp; nothing is pre-computed but the
 keys. On a 2-core machine the client competes with the orchestrator (and
-PostgreSQL) for CPU: each level reports the client's CPU seconds and its
-event-loop lag, and flags `client_saturated` when the client used most of a
-core or its loop lagged, in which case the latencies overstate the server's.
+PostgreSQL, and whatever else runs) for CPU. Each level reports the client's
+CPU seconds (`client_saturated`: it used most of a core), its event-loop lag,
+and how long the orchestrator's and the client's event loops waited in the
+kernel's run queue (/proc/PID/schedstat); `cpu_contention` is set when the
+orchestrator waited for a CPU over 10% of the window or the client's loop
+lagged: then the latencies measure the machine's load as much as the
+orchestrator, and the 1-minute load average before the level says whether
+other work was running.
 
 Settings chosen for the benchmark, not for realism of the run:
 - `validator.enabled=false`: submitted files are accepted directly;
@@ -50,6 +55,9 @@ Settings chosen for the benchmark, not for realism of the run:
   does not make nodes unhealthy;
 - PostgreSQL keeps its default durability (fsync on, synchronous_commit on),
   as SQLite keeps its synchronous=FULL: both engines pay for a durable commit.
+  Each level first measures what an fsync costs on this disk right then
+  (`disk_fsync_ms_before`): the orchestrator commits on its event loop, so
+  its latencies follow the disk's, which other work on the machine moves.
 
 Usage:
   .venv/bin/python bench/orchestrator_load.py [--nodes 250,500,1000,2000] [--seconds 30]
@@ -76,7 +84,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -97,6 +105,7 @@ GOAL_NODES = 1000
 GOAL_P99_MS = 50.0
 SATURATED_CPU = 0.8  # client CPU seconds per second above which it is the bottleneck
 SATURATED_LAG_MS = 10.0  # client event-loop lag (p99) above which its timings are inflated
+CONTENDED = 0.1  # share of the window the orchestrator's loop waited for a CPU
 METRIC = re.compile(r'^swarmrl_request_seconds_(sum|count)\{route="([^"]*)"\} (\S+)$')
 
 
@@ -146,38 +155,33 @@ class Swarm:
         self.rec = rec
         self.run_id = ""
 
-    async def call(self, key: SigningKey, endpoint: str, path: str, body: dict):
-        """(status, answer) of a signed POST; answer is None unless the status is 2xx.
-        Status 0: the request failed without an answer."""
-        content = json.dumps(body).encode()
-        headers = sign_request(key, self.run_id, "POST", path, content)
-        headers["Content-Type"] = "application/json"
+    async def send(self, endpoint: str, method: str, url, **kw) -> tuple[int, bytes]:
+        """(status, body) of one request, timed and recorded; status 0: no answer."""
         t0 = time.monotonic()
         try:
-            async with self.session.post(self.url + path, data=content, headers=headers) as r:
+            async with self.session.request(method, url, **kw) as r:
                 raw, status = await r.read(), r.status
         except (aiohttp.ClientError, TimeoutError) as e:
             # Recovered: counted as an error; the node carries on as a worker would.
-            self.rec.add(endpoint, t0, time.monotonic() - t0, f"{type(e).__name__}: {e}")
-            return 0, None
+            raw, status = f"{type(e).__name__}: {e}".encode(), 0
         ok = 200 <= status < 300
         error = None if ok else f"{status} {raw[:160].decode(errors='replace')}"
         self.rec.add(endpoint, t0, time.monotonic() - t0, error)
-        return status, json.loads(raw) if ok else None
+        return status, raw
+
+    async def call(self, key: SigningKey, endpoint: str, path: str, body: dict):
+        """(status, answer) of a signed POST; answer is None unless the status is 2xx."""
+        content = json.dumps(body).encode()
+        headers = sign_request(key, self.run_id, "POST", path, content)
+        headers["Content-Type"] = "application/json"
+        status, raw = await self.send(
+            endpoint, "POST", self.url + path, data=content, headers=headers
+        )
+        return status, json.loads(raw) if 200 <= status < 300 else None
 
     async def put(self, url: str, data: bytes) -> bool:
-        t0 = time.monotonic()
-        try:
-            async with self.session.put(URL(url, encoded=True), data=data) as r:
-                raw, status = await r.read(), r.status
-        except (aiohttp.ClientError, TimeoutError) as e:
-            # Recovered: as in `call`.
-            self.rec.add("PUT /objects", t0, time.monotonic() - t0, f"{type(e).__name__}: {e}")
-            return False
-        ok = 200 <= status < 300
-        error = None if ok else f"{status} {raw[:160].decode(errors='replace')}"
-        self.rec.add("PUT /objects", t0, time.monotonic() - t0, error)
-        return ok
+        status, _ = await self.send("PUT /objects", "PUT", URL(url, encoded=True), data=data)
+        return 200 <= status < 300
 
     async def register(self, key: SigningKey) -> bool:
         body = {"role": "worker", "hardware": HARDWARE}
@@ -255,10 +259,25 @@ def client_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def runqueue_wait_s(pid: int | str) -> float:
+    """Seconds the main thread of `pid` was ready to run but waited for a CPU."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0.0
+
+
 def snapshot(orchestrator: int, postgres: int | None) -> dict:
-    """Cumulative CPU seconds of the orchestrator, the PostgreSQL server tree and us."""
+    """Cumulative CPU seconds of the orchestrator, the PostgreSQL server tree and us,
+    and the run-queue waits of the orchestrator's and our event loops."""
     pg = sum(cpu_s(p) for p in process_tree(postgres)) if postgres else 0.0
-    return {"orchestrator": cpu_s(orchestrator), "postgres": pg, "client": client_cpu_s()}
+    return {
+        "orchestrator": cpu_s(orchestrator),
+        "postgres": pg,
+        "client": client_cpu_s(),
+        "orchestrator_wait": runqueue_wait_s(orchestrator),
+        "client_wait": runqueue_wait_s("self"),
+    }
 
 
 async def server_means(session: aiohttp.ClientSession, url: str) -> dict[str, list[float]]:
@@ -317,22 +336,28 @@ def summarize(rec: Recorder, load: Load, lags: list[float], cpu: dict, server: d
         "waits": dict(rec.waits),
         "orchestrator_cpu_s": round(cpu["orchestrator"], 2),
         "orchestrator_cpu_per_s": round(cpu["orchestrator"] / load.seconds, 3),
+        "orchestrator_cpu_ms_per_request": ms(cpu["orchestrator"] / max(1, len(every))),
         "postgres_cpu_s": round(cpu["postgres"], 2),
         "client_cpu_s": round(cpu["client"], 2),
         "client_cpu_per_s": round(client_frac, 3),
         "client_loop_lag_p99_ms": lag_p99,
-        "client_saturated": client_frac > SATURATED_CPU or lag_p99 > SATURATED_LAG_MS,
+        "client_saturated": client_frac > SATURATED_CPU,
+        "orchestrator_waited_for_cpu_s": round(cpu["orchestrator_wait"], 2),
+        "client_waited_for_cpu_s": round(cpu["client_wait"], 2),
+        "cpu_contention": cpu["orchestrator_wait"] > CONTENDED * load.seconds
+        or lag_p99 > SATURATED_LAG_MS,
     }
 
 
-async def register_all(swarm: Swarm, keys: list[SigningKey], parallel: int = 32) -> None:
+async def register_all(swarm: Swarm, keys: list[SigningKey], parallel: int = 32) -> int:
+    """Register every key, `parallel` at a time; how many were admitted."""
     gate = asyncio.Semaphore(parallel)
 
-    async def one(key: SigningKey) -> None:
+    async def one(key: SigningKey) -> bool:
         async with gate:
-            await swarm.register(key)
+            return await swarm.register(key)
 
-    await asyncio.gather(*(one(k) for k in keys))
+    return sum(await asyncio.gather(*(one(k) for k in keys)))
 
 
 async def open_run(swarm: Swarm, trainer: SigningKey) -> None:
@@ -357,28 +382,31 @@ async def drive(url: str, trainer: SigningKey, n: int, load: Load, pids: tuple) 
             swarm.run_id = (await r.json())["run_id"]
         await open_run(swarm, trainer)
         keys = [SigningKey.generate() for _ in range(n)]
-        await register_all(swarm, keys)
+        t0 = time.monotonic()
+        registered = await register_all(swarm, keys)
+        ramp = {"registered": registered, "registration_s": round(time.monotonic() - t0, 2)}
         rng = random.Random(n)
         begin = time.monotonic() + 0.2
         rec.start = begin + load.warmup_s
         rec.end = end = rec.start + load.seconds
         tasks = []
         for key in keys:
-            tasks.append(heartbeat_loop(swarm, key, load, begin + rng.uniform(0, load.heartbeat_s), end))  # fmt: skip
-            tasks.append(work_loop(swarm, key, load, begin + rng.uniform(0, load.heartbeat_s), end, rng))  # fmt: skip
+            beat_at, work_at = (begin + rng.uniform(0, load.heartbeat_s) for _ in range(2))
+            tasks.append(heartbeat_loop(swarm, key, load, beat_at, end))
+            tasks.append(work_loop(swarm, key, load, work_at, end, rng))
         lags: list[float] = []
         running = asyncio.gather(*tasks, loop_lag(end, rec, lags))
         await asyncio.sleep(max(0.0, rec.start - time.monotonic()))
         cpu0, server0 = snapshot(*pids), await server_means(session, url)
         await asyncio.sleep(max(0.0, end - time.monotonic()))
         cpu1, server1 = snapshot(*pids), await server_means(session, url)
-        await asyncio.wait_for(running, timeout=60.0)
+        await running  # every request has its own timeout
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
     server = {
         route: [s - server0.get(route, [0.0, 0.0])[0], c - server0.get(route, [0.0, 0.0])[1]]
         for route, (s, c) in server1.items()
     }
-    return summarize(rec, load, lags, cpu, server)
+    return {**ramp, **summarize(rec, load, lags, cpu, server)}
 
 
 @dataclass(frozen=True)
@@ -401,19 +429,45 @@ def postgres_server() -> Iterator[PgServer]:
         os.chown(d, pg.pw_uid, pg.pw_gid)
         as_user = ["runuser", "-u", "postgres", "--"]
     data = d / "data"
-    subprocess.run([*as_user, initdb, "-D", str(data), "-U", "swarm", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [*as_user, initdb, "-D", str(data), "-U", "swarm", "--auth=trust", "-E", "UTF8"],
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
     opts = f"-p {port} -k {d} -c listen_addresses=127.0.0.1 -c max_connections=50"
-    subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(d / "log"), "-w", "-o", opts, "start"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [*as_user, pg_ctl, "-D", str(data), "-l", str(d / "log"), "-w", "-o", opts, "start"],
+        check=True,
+        capture_output=True,
+    )
     try:
         pid = int((data / "postmaster.pid").read_text().split()[0])
         yield PgServer(f"postgresql://swarm@127.0.0.1:{port}", pid)
     finally:
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            [*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True
+        )
         shutil.rmtree(d, ignore_errors=True)
+
+
+def fsync_ms(directory: Path, n: int = 50) -> dict:
+    """Latency of appending 4 KiB to a file and fsyncing it, n times: what one durable
+    commit costs on this disk at this moment (other work on the machine changes it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "fsync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    times = []
+    try:
+        for _ in range(n):
+            os.write(fd, os.urandom(4096))
+            t0 = time.perf_counter()
+            os.fsync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {"p50": ms(percentile(times, 0.5)), "p90": ms(percentile(times, 0.9))}
 
 
 def fresh_database(server: PgServer, name: str) -> str:
@@ -446,8 +500,13 @@ def start_orchestrator(work: Path, database: str, trainer_pub: str, load: Load) 
     python = ROOT / ".venv" / "bin" / "python"
     cmd = [str(python if python.exists() else sys.executable), "-m", "swarmrl", "orchestrator"]
     work.mkdir(parents=True, exist_ok=True)
-    proc = Proc("orchestrator", cmd + overrides, work / "orchestrator.log",
-                env=clean_env({"PYTHONUNBUFFERED": "1"}), cwd=ROOT)  # fmt: skip
+    proc = Proc(
+        "orchestrator",
+        cmd + overrides,
+        work / "orchestrator.log",
+        env=clean_env({"PYTHONUNBUFFERED": "1"}),
+        cwd=ROOT,
+    )
     try:
         wait_port(port, timeout=60.0)
     except RuntimeError:
@@ -461,6 +520,7 @@ def run_level(engine: str, n: int, work: Path, pg: PgServer | None, trainer, loa
     level_dir = work / f"{engine}-{n}"
     database = fresh_database(pg, f"bench_{n}") if pg else ""
     loadavg = os.getloadavg()[0]
+    disk = fsync_ms(level_dir)
     proc, url = start_orchestrator(level_dir, database, public_key_hex(trainer), load)
     try:
         pids = (proc.p.pid, pg.pid if pg else None)
@@ -471,8 +531,13 @@ def run_level(engine: str, n: int, work: Path, pg: PgServer | None, trainer, loa
     finally:
         proc.kill()
         rm_tree(level_dir)
-    return {"nodes": n, "loadavg_1m_before": round(loadavg, 2), **result,
-            "orchestrator_peak_rss_mb": round(rss_kb / 1024, 1)}  # fmt: skip
+    return {
+        "nodes": n,
+        "loadavg_1m_before": round(loadavg, 2),
+        "disk_fsync_ms_before": disk,
+        **result,
+        "orchestrator_peak_rss_mb": round(rss_kb / 1024, 1),
+    }
 
 
 def sweep(engine: str, counts: list[int], work: Path, trainer, load: Load) -> dict:
@@ -481,9 +546,11 @@ def sweep(engine: str, counts: list[int], work: Path, trainer, load: Load) -> di
         levels = []
         for n in counts:
             levels.append(run_level(engine, n, work, pg, trainer, load))
-            print(f"{engine} {n} nodes: {levels[-1]['requests_per_s']} req/s, "
-                  f"p99 {levels[-1]['p99_ms']} ms, {levels[-1]['errors']} errors",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{engine} {n} nodes: {levels[-1]['requests_per_s']} req/s, "
+                f"p99 {levels[-1]['p99_ms']} ms, {levels[-1]['errors']} errors",
+                file=sys.stderr,
+            )
     crossed = next((lv["nodes"] for lv in levels if lv["p99_ms"] > GOAL_P99_MS), None)
     goal = next((lv for lv in levels if lv["nodes"] == GOAL_NODES), None)
     verdict = None
@@ -493,6 +560,7 @@ def sweep(engine: str, counts: list[int], work: Path, trainer, load: Load) -> di
             "p99_ms": goal["p99_ms"],
             "errors": goal["errors"],
             "client_saturated": goal["client_saturated"],
+            "cpu_contention": goal["cpu_contention"],
         }
     return {"levels": levels, "p99_over_50ms_at_nodes": crossed, "goal_1000_nodes": verdict}
 
@@ -508,19 +576,13 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=None, help="default: one heartbeat")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
-    load = Load(args.heartbeat_s, args.file_s, args.file_kb * 1024, args.seconds,
-                args.heartbeat_s if args.warmup_s is None else args.warmup_s)  # fmt: skip
+    warmup = args.heartbeat_s if args.warmup_s is None else args.warmup_s
+    load = Load(args.heartbeat_s, args.file_s, args.file_kb * 1024, args.seconds, warmup)
     counts = [int(x) for x in args.nodes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="orch-load-"))
     out: dict = {
         "machine_cpus": os.cpu_count(),
-        "load": {
-            "heartbeat_s": load.heartbeat_s,
-            "file_s": load.file_s,
-            "file_bytes": load.file_bytes,
-            "seconds": load.seconds,
-            "warmup_s": load.warmup_s,
-        },  # fmt: skip
+        "load": asdict(load),
         "goal": f"{GOAL_NODES} nodes, p99 < {GOAL_P99_MS:.0f} ms, no errors",
         "engines": {},
     }

@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", required=True, help="directory the relay keeps versions in")
     p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
     p.add_argument("--host", default=None, help="address to listen on (default shardcast.host)")
+    p.add_argument(
+        "--public-url",
+        default=None,
+        help="URL nodes reach this relay at, registered with the orchestrator "
+        "(default http://HOST:PORT; required with --port 0 or a wildcard host)",
+    )
     p = sub.add_parser("origin", help="serve a weights directory as a SHARDCAST origin")
     _common(p)
     p.add_argument("--dir", required=True, help="weights directory (step_NNNNNN/ versions)")
@@ -244,9 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                 from swarmrl.shardcast.relay import join_orchestrator
 
                 host = args.host or sc.host
-                join_orchestrator(
-                    cfg.orchestrator.url, Path(args.dir) / "node.key", f"http://{host}:{args.port}"
-                )
+                public = args.public_url or f"http://{host}:{args.port}"
+                if not args.public_url and (args.port == 0 or host in ("0.0.0.0", "::")):
+                    raise ConfigError(
+                        "a relay that registers with the orchestrator needs --public-url "
+                        "(or a fixed --port and a concrete --host)"
+                    )
+                join_orchestrator(cfg.orchestrator.url, Path(args.dir) / "node.key", public)
             run_relay(
                 [u.strip() for u in args.upstream.split(",") if u.strip()],
                 trainer_public_key(cfg),

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from swarmrl.cli import EXIT_REFUSED
 from swarmrl.config import RunConfig
-from swarmrl.progress import Progress, summary_lines
+from swarmrl.progress import Progress, fetch_ledger, summary_lines
 
 log = logging.getLogger("swarmrl.launcher")
 GRACE_S = 10.0
@@ -288,6 +288,7 @@ def launch(
         if p is not orchestrator:
             p.start()
     code = 0
+    ledger = None
     try:
         while True:
             time.sleep(min(cfg.launcher.progress_s, 0.5))
@@ -298,6 +299,7 @@ def launch(
                 break
             rc = trainer.poll()
             if rc is not None:
+                ledger = fetch_ledger(url)  # before the orchestrator stops with the rest
                 progress.update(sum(w.poll() is None for w in workers))
                 progress.close()
                 if rc != 0:
@@ -345,7 +347,7 @@ def launch(
         for s, h in old.items():
             signal.signal(s, h)
     if code == 0:
-        for line in summary_lines(cfg, run):
+        for line in summary_lines(cfg, run, ledger):
             print(f"swarmrl: {line}")
     return code
 

@@ -221,8 +221,25 @@ def held_out(cfg: RunConfig, run: Path, n: int = 256) -> list[str]:
     return out
 
 
-def summary_lines(cfg: RunConfig, run: Path) -> list[str]:
-    """The closing lines of a finished run."""
+def ledger_line(ledger: dict) -> str:
+    """Nodes by state, files accepted, and the cheaters the orchestrator caught."""
+    nodes = [n for n in ledger["nodes"] if n["role"] == "worker"]
+    states = Counter(n["state"] for n in nodes)
+    text = f"ledger: {len(nodes)} workers (" + ", ".join(
+        f"{k} {v}" for k, v in sorted(states.items())
+    )
+    text += f"), {sum(n['accepted'] for n in nodes)} files accepted"
+    caught = [n for n in nodes if n["state"] == "ejected"]
+    if caught:
+        text += (
+            f", {len(caught)} ejected with {sum(n['void'] for n in caught)} contributions voided"
+            f" and {sum(n['slashed'] for n in caught):.0f} stake slashed"
+        )
+    return text
+
+
+def summary_lines(cfg: RunConfig, run: Path, ledger: dict | None = None) -> list[str]:
+    """The closing lines of a finished run (`ledger`: the orchestrator's, read before it stopped)."""
     out = []
     rows = read_metrics(run / "metrics.jsonl")
     if rows:
@@ -243,6 +260,8 @@ def summary_lines(cfg: RunConfig, run: Path) -> list[str]:
         out.append(
             f"validation: {_verdict_text(run)}" + (f" (failed: {reasons})" if reasons else "")
         )
+    if ledger is not None:
+        out.append(ledger_line(ledger))
     out.extend(held_out(cfg, run))
     out.append(f"metrics {run / 'metrics.jsonl'}, plot {run / 'report.png'}, model {run / 'final'}")
     return out

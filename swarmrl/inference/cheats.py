@@ -20,7 +20,7 @@ by that one thing:
 - wrong-prompts: answers problems other than the assigned ones;
 - easy-level: answers problems of the easiest difficulty level (and no
   down-weighting of mastered problems) instead of the issued sampler state;
-- replay: submits its previous file again for a new assignment.
+- replay: submits its previous assignment's file under the next assignment.
 
 These are test fixtures of the validator, not part of an honest run.
 """
@@ -176,12 +176,14 @@ class Replay(Honest):
         self.previous: bytes | None = None
 
     def upload(self, client, a, data):
-        """Submits its previous file again for each new assignment (the orchestrator
-        refuses bytes it has seen: one file per sha256, one per assignment)."""
+        """Keeps its first file and submits each file under the next assignment: old
+        work passed off as new (the validator recomputes the assignment's prompts)."""
         from swarmrl.inference.worker import upload_file
 
         old, self.previous = self.previous, data
-        return upload_file(client, a, old if old is not None else data)
+        if old is None:
+            return "(kept to replay under the next assignment)"
+        return upload_file(client, a, old)
 
 
 CHEATS = {

@@ -111,8 +111,9 @@ def public_params(svc: Service) -> dict:
     )
     dataset = None
     if cfg.task.dataset:
-        data = Path(cfg.task.dataset).read_bytes()
-        dataset = {"name": Path(cfg.task.dataset).name, "sha256": hashlib.sha256(data).hexdigest()}
+        if svc.dataset_sha256 is None:  # hashed once, not on every public call
+            svc.dataset_sha256 = hashlib.sha256(Path(cfg.task.dataset).read_bytes()).hexdigest()
+        dataset = {"name": Path(cfg.task.dataset).name, "sha256": svc.dataset_sha256}
     with svc.db.tx() as cur:
         servers = work.servers(svc, cur)
     o = cfg.orchestrator
@@ -226,8 +227,8 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
             fs = dict(cur.execute("SELECT state, COUNT(*) FROM files GROUP BY state").fetchall())
         for s in nodes.STATES:
             node_states.labels(s).set(ns.get(s, 0))
-        for s, n in fs.items():
-            file_states.labels(s).set(n)
+        for s in work.FILE_STATES:
+            file_states.labels(s).set(fs.get(s, 0))
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/run")

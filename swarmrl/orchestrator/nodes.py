@@ -81,6 +81,7 @@ def register(svc: Service, key: str, role: str, hardware: dict, url: str) -> dic
                 " budget = ?, url = ? WHERE key = ?",
                 (now, hw, budget, url, key),
             )
+        stake = cur.execute("SELECT stake FROM nodes WHERE key = ?", (key,)).fetchone()[0]
     return {"state": "registered", "stake": stake, "max_new_tokens": budget}
 
 
@@ -153,7 +154,8 @@ def punish(svc: Service, cur, key: str, state: str, reason: str, slash: bool) ->
         "UPDATE assignments SET state = 'cancelled' WHERE node = ? AND state = 'open'", (key,)
     )
     voided = cur.execute(
-        "UPDATE files SET void = 1 WHERE node = ? AND final = 0 AND void = 0 RETURNING key",
+        "UPDATE files SET void = 1 WHERE node = ? AND final = 0 AND void = 0"
+        " AND state != 'rejected' RETURNING key",
         (key,),
     ).fetchall()
     event(cur, now, key, state, 0.0, f"{reason[:300]}; {len(voided)} contributions voided")

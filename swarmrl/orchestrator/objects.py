@@ -202,7 +202,12 @@ class S3ObjectStore:
         try:
             self.s3.head_bucket(Bucket=bucket)
         except self.s3.exceptions.ClientError:
-            self.s3.create_bucket(Bucket=bucket)
+            where = (
+                {}
+                if region == "us-east-1"
+                else {"CreateBucketConfiguration": {"LocationConstraint": region}}
+            )
+            self.s3.create_bucket(Bucket=bucket, **where)
 
     def upload_url(self, key: str, node: str, size: int, sha256: str, expires: int) -> str:
         import time

@@ -38,6 +38,7 @@ class Service:
     run_id: str = ""
     secret: bytes = b""
     upload_times: dict[str, list[float]] = field(default_factory=dict)
+    dataset_sha256: str | None = None
 
     def init_identity(self) -> None:
         self.run_id = self.meta("run_id") or self.set_meta_once("run_id", secrets.token_hex(8))

@@ -41,6 +41,7 @@ from swarmrl.protocol.assign import Assignment, derive_seed, rollout_key
 from swarmrl.protocol.identity import verify
 
 ON_THE_WAY = ("uploading", "pending", "accepted")
+FILE_STATES = (*ON_THE_WAY, "consumed", "trained", "rejected", "stale")
 
 
 def run_state(svc: Service, cur) -> dict:
@@ -110,11 +111,20 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
             " ORDER BY counter LIMIT 1",
             (key,),
         ).fetchone()
-        if row is not None and row[3] == policy_version:  # a lost answer: the same again
+        if row is not None:
+            # A lost answer, or weights swapped meanwhile: the same assignment (same counter,
+            # so the same prompts and seeds), moved to the policy the node now holds. A new
+            # counter here would let a node draw fresh prompts until it liked them.
+            if (
+                row[3] != policy_version
+                and _why_wait(cfg, run_state(svc, cur), policy_version) is None
+            ):
+                cur.execute(
+                    "UPDATE assignments SET policy = ? WHERE counter = ?", (policy_version, row[0])
+                )
+                row = (*row[:3], policy_version, *row[4:])
             answer["assignment"] = _assignment_dict(svc, cur, row)
             return answer
-        if row is not None:  # the node swapped weights meanwhile: re-issued at its version
-            cur.execute("UPDATE assignments SET state = 'orphaned' WHERE counter = ?", (row[0],))
         answer["wait"] = _why_wait(cfg, run, policy_version)
         if answer["wait"] is None:
             oldest = run["step"] - cfg.async_level
@@ -415,7 +425,7 @@ def resume(svc: Service, version: int) -> dict:
             (version,),
         ).rowcount
         svc.set_meta(cur, "policy", str(version))
-        cur.execute("DELETE FROM meta WHERE k = 'done'")
+        cur.execute("DELETE FROM meta WHERE k IN ('done', 'stopped')")
     return {"returned": n}
 
 
@@ -437,19 +447,30 @@ def finalize(svc: Service) -> int:
 
 
 def report_relay(svc: Service, reporter: str, url: str, what: str) -> dict:
+    """Count a report of a bad server. Only validators and workers that have had a file
+    accepted are counted: a fresh key costs nothing, a contribution does."""
     with svc.db.tx() as cur:
+        if svc.role_of(reporter) != "validator":
+            earned = cur.execute(
+                "SELECT COUNT(*) FROM files WHERE node = ? AND void = 0 AND state IN"
+                " ('accepted', 'consumed', 'trained')",
+                (reporter,),
+            ).fetchone()[0]
+            if not earned:
+                return {"reported": url, "counted": False}
         cur.execute(
             "INSERT INTO relay_reports VALUES (?, ?, ?, ?) ON CONFLICT (url, reporter) DO UPDATE"
             " SET time = excluded.time, what = excluded.what",
             (url.rstrip("/"), reporter, svc.clock(), what[:300]),
         )
-    return {"reported": url}
+    return {"reported": url, "counted": True}
 
 
 def servers(svc: Service, cur) -> list[str]:
     """SHARDCAST servers to advertise: configured ones and registered relays, minus
     those reported by `relay_reports` distinct nodes."""
-    urls = [u.rstrip("/") for u in svc.cfg.shardcast.servers]
+    configured = [u.rstrip("/") for u in svc.cfg.shardcast.servers]
+    urls = list(configured)
     for (u,) in cur.execute(
         "SELECT url FROM nodes WHERE role = 'relay' AND state IN ('registered', 'healthy')"
         " ORDER BY registered"
@@ -461,7 +482,7 @@ def servers(svc: Service, cur) -> list[str]:
         for u, n in cur.execute("SELECT url, COUNT(*) FROM relay_reports GROUP BY url").fetchall()
         if n >= svc.cfg.orchestrator.relay_reports
     }
-    return [u for u in urls if u not in bad]
+    return [u for u in urls if u not in bad or u in configured]  # the operator's stay
 
 
 def ledger(svc: Service) -> dict:

@@ -117,7 +117,7 @@ def trusted_validators(cfg: RunConfig) -> list[str] | None:
     """The validator keys whose verdicts count (None: validation is off)."""
     if not cfg.validator.enabled:
         return None
-    keys = list(cfg.validator.public_keys)
+    keys = list(dict.fromkeys([*cfg.validator.public_keys, *cfg.orchestrator.validator_keys]))
     if not keys:
         found = sorted(cfg.run_paths()["keys"].glob("validator-*.pub"))
         keys = [p.read_text().strip() for p in found]
@@ -232,7 +232,12 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
     for step in range(start, cfg.trainer.steps + 1):
         _open_step(client, curriculum, step)
         level = curriculum.issued[step]
-        batch = collector.collect(step, cfg.trainer.batch_groups)
+        try:
+            batch = collector.collect(step, cfg.trainer.batch_groups)
+        except InterruptedError as e:  # the operator stopped the run: end it cleanly
+            log.warning("step %d: %s; the trainer stops", step, e)
+            publisher.flush()
+            return
         curriculum.observe(step, batch.outcomes)
         _open_step(client, curriculum, step + 1)
         t0 = time.time()

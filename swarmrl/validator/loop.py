@@ -27,7 +27,7 @@ from swarmrl.config import RunConfig
 from swarmrl.inference.backend import HFBackend
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.assign import parse_rollout_key
-from swarmrl.protocol.client import OrchestratorClient
+from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key
 from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.curriculum import SamplerState
@@ -207,7 +207,14 @@ def run_validator(cfg: RunConfig, index: int) -> None:
         if v is None:
             log.info("policy of %s not mirrored yet; it will be claimed again", f["key"])
             continue
-        client.call("POST", "/v1/validation/verdict", {"verdict": dataclasses.asdict(v)})
+        try:
+            client.call("POST", "/v1/validation/verdict", {"verdict": dataclasses.asdict(v)})
+        except OrchestratorError as e:
+            if e.status not in (404, 409):
+                raise
+            # Recovered: our lease ran out and another validator judged the file first.
+            log.warning("verdict on %s not taken: %s", f["key"], e.detail)
+            continue
         log_verdict(v, paths["verdicts"])
         if v.accepted:
             log.info("accepted %s: %d samples, %.2fs", f["key"], v.n_samples, v.seconds)

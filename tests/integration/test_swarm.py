@@ -109,11 +109,15 @@ def test_trainer_killed_then_resumed_loses_and_repeats_nothing(tiny_model, tmp_p
     assert res.returncode == 0, res.stderr[-3000:]
     after = read_metrics(run)
     assert _steps(after) == list(range(1, steps + 1))  # none lost, none repeated
-    assert "resuming after version" in (run / "logs" / "trainer.log").read_text()
+    import re
+
+    log = (run / "logs" / "trainer.log").read_text()
+    version = int(re.search(r"resuming after version (\d+)", log).group(1))
+    assert 1 <= version <= done_before
     # the curriculum continued: the first resumed step has the level the checkpoint issued
-    resumed = after[done_before]
     assert before[-1]["next_level"] >= 1, "the quick curriculum should have moved by step 3"
-    assert resumed["level"] == before[-1]["next_level"], (before[-1], resumed)
+    checkpoint = before[version - 1]
+    assert after[version]["level"] == checkpoint["next_level"], (checkpoint, after[version])
 
 
 def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):

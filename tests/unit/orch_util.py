@@ -124,7 +124,9 @@ def postgres_url():
     import pwd
     import tempfile
 
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin"))  # Debian keeps them off PATH
+    search = os.pathsep.join([os.environ.get("PATH", ""), *map(str, found)])
+    initdb, pg_ctl = shutil.which("initdb", path=search), shutil.which("pg_ctl", path=search)
     if not initdb or not pg_ctl:
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: apt install postgresql")
     as_user: list[str] = []

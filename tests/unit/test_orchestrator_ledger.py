@@ -154,7 +154,7 @@ def test_cheater_is_ejected_voided_slashed_and_cannot_come_back(orch):
     led = o.ledger()
     c, h = led[public_key_hex(cheat)], led[public_key_hex(honest)]
     assert c["state"] == "ejected" and c["slashed"] == 50.0 and c["stake"] == 50.0
-    assert c["void"] == 2 and c["accepted"] == 0  # its accepted file is void too
+    assert c["void"] == 1 and c["rejected"] == 1 and c["accepted"] == 0  # accepted: now void
     assert h["state"] == "healthy" and h["slashed"] == 0 and h["accepted"] == 1
     assert "proof" in c["reason"]
     files = o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]
@@ -259,16 +259,41 @@ def test_spot_checks_send_a_fraction_to_validators(orch):
     assert all(f["verdict"] is None for f in unchecked)
 
 
-def test_relays_reported_by_several_nodes_stop_being_advertised(orch):
-    o = orch("orchestrator.relay_reports=2", 'shardcast.servers=["http://127.0.0.1:9"]')
+def test_relays_reported_by_several_contributors_stop_being_advertised(orch):
+    o = orch("orchestrator.relay_reports=2", 'shardcast.servers=["http://127.0.0.1:9"]',
+             "trainer.batch_groups=1000")  # fmt: skip
     relay = o.worker("relay")
     o.ok(relay, "POST", "/v1/nodes/register", {"role": "relay", "url": "http://127.0.0.1:7001"})
-    assert o.http.get("/v1/run").json()["servers"] == [
-        "http://127.0.0.1:9",
-        "http://127.0.0.1:7001",
-    ]
+    both = ["http://127.0.0.1:9", "http://127.0.0.1:7001"]
+    assert o.http.get("/v1/run").json()["servers"] == both
     a, b = o.worker("a"), o.worker("b")
     o.register(a), o.register(b)
+    report = {"url": "http://127.0.0.1:7001", "what": "bad shard"}
+    for k in (a, b):  # fresh keys cost nothing: their reports do not count
+        assert not o.ok(k, "POST", "/v1/relays/report", report)["counted"]
+    assert o.http.get("/v1/run").json()["servers"] == both
+    o.open_step(1, 0)
+    for k, data in ((a, b"from a"), (b, b"from b")):
+        _file(o, k, 0, data)
+        f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+        o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, f, True))
     for k in (a, a, b):
-        o.ok(k, "POST", "/v1/relays/report", {"url": "http://127.0.0.1:7001", "what": "bad shard"})
+        assert o.ok(k, "POST", "/v1/relays/report", report)["counted"]
     assert o.http.get("/v1/run").json()["servers"] == ["http://127.0.0.1:9"]
+    for k in (a, b):  # the operator's own servers are never dropped by reports
+        o.ok(k, "POST", "/v1/relays/report", {"url": "http://127.0.0.1:9", "what": "x"})
+    assert o.http.get("/v1/run").json()["servers"] == ["http://127.0.0.1:9"]
+
+
+def test_a_node_cannot_redraw_its_prompts(orch):
+    """Asking again, or with another policy version, gives the same counter and seed."""
+    o = orch()
+    w = o.worker("a")
+    o.register(w)
+    o.open_step(3, 2)
+    first = o.assignment(w, 2)["assignment"]
+    o.open_step(3, 2)
+    for policy in (1, 2, 1, 2):
+        again = o.assignment(w, policy)["assignment"]
+        assert (again["counter"], again["seed"]) == (first["counter"], first["seed"])
+        assert again["policy_step"] == policy
