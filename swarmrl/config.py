@@ -484,16 +484,14 @@ class RunConfig(_Section):
             "run": d,
             "weights": d / "weights",
             "store": d / "store",
-            "status": d / "trainer_status.json",
             "metrics": d / "metrics.jsonl",
             "trainer_state": d / "trainer_state",
             "logs": d / "logs",
             "keys": d / "keys",
             "nodes": d / "nodes",
             "relays": d / "relays",
-            "validator": d / "validator",
             "verdicts": d / "verdicts.jsonl",
-            "sampler": d / "sampler",
+            "sampler": d / "sampler",  # per-step sampler records of the validator's unit tests
             "orchestrator": d / "orchestrator",
         }
 

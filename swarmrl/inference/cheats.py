@@ -20,7 +20,8 @@ by that one thing:
 - wrong-prompts: answers problems other than the assigned ones;
 - easy-level: answers problems of the easiest difficulty level (and no
   down-weighting of mastered problems) instead of the issued sampler state;
-- replay: submits its previous assignment's file under the next assignment.
+- replay: after one honest file, submits each earlier file, relabelled, as the
+  work of the next assignment.
 
 These are test fixtures of the validator, not part of an honest run.
 """
@@ -176,14 +177,17 @@ class Replay(Honest):
         self.previous: bytes | None = None
 
     def upload(self, client, a, data):
-        """Keeps its first file and submits each file under the next assignment: old
-        work passed off as new (the validator recomputes the assignment's prompts)."""
+        """Uploads its first file honestly, then passes each earlier file off as the
+        work of the next assignment, relabelled with its step and policy (new bytes,
+        so the orchestrator cannot tell; the validator recomputes the prompts)."""
+        from swarmrl.inference.rollouts import read_rollouts, write_rollouts
         from swarmrl.inference.worker import upload_file
 
         old, self.previous = self.previous, data
-        if old is None:
-            return "(kept to replay under the next assignment)"
-        return upload_file(client, a, old)
+        if old is not None:
+            rows = [r | {"step": a.step, "policy_step": a.policy_step} for r in read_rollouts(old)]
+            data = write_rollouts(rows)
+        return upload_file(client, a, data)
 
 
 CHEATS = {

@@ -303,7 +303,7 @@ def run_worker(url: str, home: Path, cheat: str | None = None, threads: int = 1)
             policy_step=j["policy_step"],
             seed=j["seed"],
             counter=j["counter"],
-            sampler=SamplerState.from_json(j["sampler"]),
+            sampler=SamplerState.from_json(j["sampler"] or {}),
             max_new_tokens=j["max_new_tokens"],
         )
         if a.policy_step != loaded:

@@ -11,6 +11,9 @@ HMAC-signed URLs.
 
 Every refusal is a 4xx with `{"detail": ...}`; request bodies above
 `orchestrator.max_request_bytes` are refused with 413 before they are read.
+Routes that touch the database are plain functions, which FastAPI runs on its
+thread pool: a commit waiting for the disk does not stall the event loop that
+reads other requests (the database lock still orders the transactions).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.concurrency import run_in_threadpool
 
 from swarmrl.orchestrator import nodes, work
 from swarmrl.orchestrator.auth import (
@@ -105,7 +109,7 @@ async def _too_large(send, limit: int) -> None:
 
 def public_params(svc: Service) -> dict:
     cfg = svc.cfg
-    config = cfg.model_dump(mode="json", exclude={"orchestrator", "launcher", "runs_dir"})
+    config = cfg.model_dump(mode="json", exclude={"orchestrator", "launcher"})
     trainer_key = cfg.shardcast.public_key or (
         sorted(svc.trainer_keys)[0] if svc.trainer_keys else ""
     )
@@ -157,6 +161,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
                 while not stop.wait(sweep_every_s):
                     nodes.sweep(svc)
                     work.finalize(svc)
+                    work.discard_stale(svc)
                     purge_nonces(svc)
 
             thread = threading.Thread(target=loop, daemon=True, name="sweeper")
@@ -195,7 +200,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
         async def dependency(request: Request) -> str:
             key = await signer(svc, request)
             if live:
-                require_live_node(svc, key)
+                await run_in_threadpool(require_live_node, svc, key)
             elif role is not None:
                 require_role(svc, key, role)
             return key
@@ -215,13 +220,13 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
 
     # -- public ------------------------------------------------------------
     @app.get("/health")
-    async def health() -> dict:
+    def health() -> dict:
         with svc.db.tx() as cur:
             run = work.run_state(svc, cur)
         return {"ok": True, "run_id": svc.run_id, "engine": svc.db.engine, **run}
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    def metrics() -> Response:
         with svc.db.tx() as cur:
             ns = dict(cur.execute("SELECT state, COUNT(*) FROM nodes GROUP BY state").fetchall())
             fs = dict(cur.execute("SELECT state, COUNT(*) FROM files GROUP BY state").fetchall())
@@ -232,22 +237,22 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/run")
-    async def run_params() -> dict:
+    def run_params() -> dict:
         return public_params(svc)
 
     @app.get("/v1/run/dataset", responses={404: {"description": "The run has no dataset file"}})
-    async def dataset():
+    def dataset():
         if not svc.cfg.task.dataset:
             raise ApiError(404, "this run generates its problems; there is no dataset file")
         return FileResponse(svc.cfg.task.dataset)
 
     @app.get("/v1/ledger")
-    async def ledger() -> dict:
+    def ledger() -> dict:
         return work.ledger(svc)
 
     # -- nodes ---------------------------------------------------------------
     @app.post("/v1/nodes/register", responses=ERRORS)
-    async def register(body: RegisterIn, key: str = as_node) -> dict:
+    def register(body: RegisterIn, key: str = as_node) -> dict:
         if body.role == "worker" and body.hardware is None:
             raise ApiError(422, "a worker must send its hardware report")
         if body.role == "relay" and not body.url:
@@ -256,75 +261,75 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
         return nodes.register(svc, key, body.role, hw, body.url)
 
     @app.post("/v1/nodes/heartbeat", responses=ERRORS)
-    async def heartbeat(body: HeartbeatIn, key: str = as_node) -> dict:
+    def heartbeat(body: HeartbeatIn, key: str = as_node) -> dict:
         return work.heartbeat(svc, key, body.policy_version, body.want_work)
 
     @app.post("/v1/uploads", responses={**ERRORS, 429: {"description": "Rate limited"}})
-    async def uploads(body: UploadIn, key: str = as_live_node) -> dict:
+    def uploads(body: UploadIn, key: str = as_live_node) -> dict:
         return work.grant_upload(svc, key, body.counter, body.size, body.sha256)
 
     @app.post("/v1/submit", responses=ERRORS)
-    async def submit(body: SubmitIn, key: str = as_live_node) -> dict:
+    def submit(body: SubmitIn, key: str = as_live_node) -> dict:
         return work.submit(svc, key, body.key, body.sha256)
 
     @app.post("/v1/relays/report", responses=ERRORS)
-    async def relay_report(body: RelayReportIn, key: str = as_anyone) -> dict:
+    def relay_report(body: RelayReportIn, key: str = as_anyone) -> dict:
         if svc.role_of(key) != "validator":
             require_live_node(svc, key)
         return work.report_relay(svc, key, body.url, body.what)
 
     # -- validators ----------------------------------------------------------
     @app.post("/v1/validation/claim", responses=ERRORS)
-    async def claim(body: ClaimIn, key: str = as_validator) -> dict:
+    def claim(body: ClaimIn, key: str = as_validator) -> dict:
         return work.claim_file(svc, key, body.max_policy)
 
     @app.post("/v1/validation/verdict", responses=ERRORS)
-    async def verdict(body: VerdictIn, key: str = as_validator) -> dict:
+    def verdict(body: VerdictIn, key: str = as_validator) -> dict:
         return work.record_verdict(svc, key, body.verdict.model_dump())
 
     # -- the trainer ---------------------------------------------------------
     @app.post("/v1/trainer/step", responses=ERRORS)
-    async def trainer_step(body: StepIn, key: str = as_trainer) -> dict:
+    def trainer_step(body: StepIn, key: str = as_trainer) -> dict:
         return work.open_step(svc, body.step, body.sampler.model_dump(), body.done)
 
     @app.post("/v1/trainer/published", responses=ERRORS)
-    async def trainer_published(body: VersionIn, key: str = as_trainer) -> dict:
+    def trainer_published(body: VersionIn, key: str = as_trainer) -> dict:
         return work.published(svc, body.version)
 
     @app.get("/v1/trainer/files", responses=ERRORS)
-    async def trainer_files(key: str = as_trainer, step: int = Query(ge=0, le=1 << 40)) -> dict:
+    def trainer_files(key: str = as_trainer, step: int = Query(ge=0, le=1 << 40)) -> dict:
         return work.trainer_files(svc, step)
 
     @app.post("/v1/trainer/consume", responses=ERRORS)
-    async def trainer_consume(body: ConsumeIn, key: str = as_trainer) -> dict:
+    def trainer_consume(body: ConsumeIn, key: str = as_trainer) -> dict:
         return work.consume(svc, body.step, body.keys)
 
     @app.post("/v1/trainer/reject", responses=ERRORS)
-    async def trainer_reject(body: TrainerRejectIn, key: str = as_trainer) -> dict:
+    def trainer_reject(body: TrainerRejectIn, key: str = as_trainer) -> dict:
         return work.trainer_reject(svc, body.key, body.reason)
 
     @app.post("/v1/trainer/resume", responses=ERRORS)
-    async def trainer_resume(body: VersionIn, key: str = as_trainer) -> dict:
+    def trainer_resume(body: VersionIn, key: str = as_trainer) -> dict:
         return work.resume(svc, body.version)
 
     # -- the operator --------------------------------------------------------
     @app.get("/v1/admin/nodes", responses=ERRORS)
-    async def admin_nodes(_: None = as_operator) -> dict:
+    def admin_nodes(_: None = as_operator) -> dict:
         return work.ledger(svc)
 
     @app.post("/v1/admin/nodes/{key}/ban", responses=ERRORS)
-    async def admin_ban(key: str, _: None = as_operator) -> dict:
+    def admin_ban(key: str, _: None = as_operator) -> dict:
         with svc.db.tx() as cur:
             nodes.punish(svc, cur, key, "banned", "banned by the operator", slash=False)
         return {"banned": key}
 
     @app.post("/v1/admin/nodes/{key}/unban", responses=ERRORS)
-    async def admin_unban(key: str, _: None = as_operator) -> dict:
+    def admin_unban(key: str, _: None = as_operator) -> dict:
         nodes.unban(svc, key)
         return {"unbanned": key}
 
     @app.post("/v1/admin/run", responses=ERRORS)
-    async def admin_run(body: RunControlIn, _: None = as_operator) -> dict:
+    def admin_run(body: RunControlIn, _: None = as_operator) -> dict:
         with svc.db.tx() as cur:
             if body.paused is not None:
                 svc.set_meta(cur, "paused", "1" if body.paused else "0")

@@ -15,22 +15,29 @@ from __future__ import annotations
 import hmac
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from swarmrl.orchestrator.service import ApiError, Service
 from swarmrl.protocol.signing import SignatureError, check_request
 
 
 async def signer(svc: Service, request: Request) -> str:
+    """The key that signed this request (the body is read here, on the event loop;
+    the check and the nonce's insert run on a worker thread)."""
     body = await request.body()
     target = request.scope.get("raw_path") or request.url.path.encode()
     if request.scope.get("query_string"):
         target += b"?" + request.scope["query_string"]
+    return await run_in_threadpool(
+        check_and_record, svc, request.headers, request.method, target.decode("latin-1"), body
+    )
+
+
+def check_and_record(svc: Service, headers, method: str, target: str, body: bytes) -> str:
     now = svc.clock()
     window = svc.cfg.orchestrator.clock_window_s
     try:
-        signed = check_request(
-            request.headers, svc.run_id, request.method, target.decode("latin-1"), body, window, now
-        )
+        signed = check_request(headers, svc.run_id, method, target, body, window, now)
     except SignatureError as e:
         raise ApiError(401, str(e)) from None
     with svc.db.tx() as cur:

@@ -41,7 +41,7 @@ from swarmrl.protocol.assign import Assignment, derive_seed, rollout_key
 from swarmrl.protocol.identity import verify
 
 ON_THE_WAY = ("uploading", "pending", "accepted")
-FILE_STATES = (*ON_THE_WAY, "consumed", "trained", "rejected", "stale")
+FILE_STATES = (*ON_THE_WAY, "consumed", "trained", "rejected", "stale", "discarded")
 
 
 def run_state(svc: Service, cur) -> dict:
@@ -67,7 +67,7 @@ def _assignment_dict(svc: Service, cur, row) -> dict:
         "max_new_tokens": max_new,
         "deadline": deadline,
         "reissue_of": reissue_of,
-        "sampler": json.loads(s[0]) if s else {"level": 0, "weights": {}},
+        "sampler": json.loads(s[0]) if s else None,  # None: never issued (fails closed)
     }
 
 
@@ -111,20 +111,23 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
             " ORDER BY counter LIMIT 1",
             (key,),
         ).fetchone()
-        if row is not None:
+        if row is not None and (policy_version is None or policy_version < row[2]):
             # A lost answer, or weights swapped meanwhile: the same assignment (same counter,
             # so the same prompts and seeds), moved to the policy the node now holds. A new
             # counter here would let a node draw fresh prompts until it liked them.
-            if (
-                row[3] != policy_version
-                and _why_wait(cfg, run_state(svc, cur), policy_version) is None
-            ):
+            if row[3] != policy_version and _why_wait(cfg, run, policy_version) is None:
                 cur.execute(
                     "UPDATE assignments SET policy = ? WHERE counter = ?", (policy_version, row[0])
                 )
                 row = (*row[:3], policy_version, *row[4:])
             answer["assignment"] = _assignment_dict(svc, cur, row)
             return answer
+        if row is not None:
+            # The node holds a policy as new as the assignment's step (the trainer moved on
+            # while it was away): a file's policy must be older than its step, so a new
+            # assignment is issued at the current step. This redraw comes at most once per
+            # training step, and the trainer, not the node, decides when.
+            cur.execute("UPDATE assignments SET state = 'orphaned' WHERE counter = ?", (row[0],))
         answer["wait"] = _why_wait(cfg, run, policy_version)
         if answer["wait"] is None:
             oldest = run["step"] - cfg.async_level
@@ -254,6 +257,21 @@ def mark_stale(svc: Service, cur) -> None:
     ).fetchall()
     for (k,) in rows:
         svc.objects.delete(k)
+
+
+def discard_stale(svc: Service) -> int:
+    """Delete the objects of stale files once no upload URL for them can still be valid
+    (an upload may land after its file was marked stale)."""
+    horizon = svc.clock() - svc.cfg.orchestrator.upload_url_ttl_s - 60.0
+    with svc.db.tx() as cur:
+        rows = cur.execute(
+            "UPDATE files SET state = 'discarded' WHERE state = 'stale' AND created < ?"
+            " RETURNING key",
+            (horizon,),
+        ).fetchall()
+    for (k,) in rows:
+        svc.objects.delete(k)
+    return len(rows)
 
 
 def claim_file(svc: Service, validator: str, max_policy: int) -> dict:

@@ -91,14 +91,16 @@ class OrchestratorQueue:
         self.client = client
         self.max_bytes = max_bytes
 
-    def ready(self, step: int) -> tuple[list[QueuedFile], int, bool]:
-        """Files ready for `step`, rejected files so far, and whether the run was stopped."""
+    def ready(self, step: int) -> tuple[list[QueuedFile], int, int, bool]:
+        """Files ready for `step`, files rejected and gone stale so far, and whether the
+        run was stopped."""
         r = self.client.call("GET", "/v1/trainer/files", params={"step": step})
         files = [
             QueuedFile(f["key"], f["sha256"], f["url"], f["verdict"], f["checked"])
             for f in r["files"]
         ]
-        return files, int(r["counts"].get("rejected", 0)), bool(r["stopped"])
+        stale = int(r["counts"].get("stale", 0)) + int(r["counts"].get("discarded", 0))
+        return files, int(r["counts"].get("rejected", 0)), stale, bool(r["stopped"])
 
     def fetch(self, f: QueuedFile) -> bytes:
         return self.client.get_bytes(f.url, self.max_bytes)
@@ -131,7 +133,8 @@ class BatchCollector:
         # sha256 -> policy version of the files taken while they could still be fresh:
         # a file (or its bytes under another name) is never taken twice
         self.taken: dict[str, int] = {}
-        self.rejected_seen: int | None = None
+        self.rejected_seen: int | None = None  # orchestrator counts when this step began
+        self.stale_seen = 0
         self.limits = limits
         self.async_level = async_level
         self.poll_s = poll_s
@@ -154,11 +157,11 @@ class BatchCollector:
             else:
                 self._add(batch, group, need_groups)
         seen: set[str] = set()
-        rejected = 0
+        rejected = stale = 0
         while batch.groups < need_groups:
-            files, rejected, stopped = self.queue.ready(step)
+            files, rejected, stale, stopped = self.queue.ready(step)
             if self.rejected_seen is None:
-                self.rejected_seen = rejected
+                self.rejected_seen, self.stale_seen = rejected, stale
             if stopped:
                 raise InterruptedError("the operator stopped the run")
             taken = 0
@@ -186,7 +189,8 @@ class BatchCollector:
         batch.wait_s = time.time() - t0
         if self.rejected_seen is not None:
             batch.rejected_files = max(batch.rejected_files, rejected - self.rejected_seen)
-            self.rejected_seen = rejected
+            batch.stale_files += stale - self.stale_seen
+            self.rejected_seen, self.stale_seen = rejected, stale
         return batch
 
     def _add(self, batch: Batch, group: list[Sample], need_groups: int) -> None:

@@ -190,7 +190,6 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             log.info("--resume given but no complete version exists; starting fresh")
         model = load_model(cfg.model.path, cfg.model.dtype)
         paths["metrics"].unlink(missing_ok=True)
-        shutil.rmtree(paths["sampler"], ignore_errors=True)
         if 0 not in weights.versions():
             _publish(publisher, model, tokenizer, 0, announce)
         else:

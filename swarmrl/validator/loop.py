@@ -132,7 +132,7 @@ class Judge:
 class _IssuedState:
     """The sampler state the orchestrator issued for one file's step."""
 
-    def __init__(self, step: int, state: SamplerState):
+    def __init__(self, step: int, state: SamplerState | None):
         self.step, self.state = step, state
 
     def read(self, step: int) -> SamplerState | None:
@@ -146,7 +146,7 @@ def _issued_context(ctx: Context, issued: dict) -> Context:
         cfg = cfg.model_copy(
             update={"sampling": cfg.sampling.model_copy(update={"max_new_tokens": budget})}
         )
-    state = SamplerState.from_json(issued["sampler"])
+    state = None if issued["sampler"] is None else SamplerState.from_json(issued["sampler"])
     return dataclasses.replace(ctx, cfg=cfg, sampler_states=_IssuedState(issued["step"], state))
 
 

@@ -298,7 +298,11 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
     cheaters = {n: vs for n, vs in by_node.items() if n.startswith("cheater-")}
     judged = {n for n, vs in cheaters.items() if vs}
     assert len(judged) >= len(CHEATS) - 1, f"cheaters with verdicts: {sorted(judged)}"
-    assert all(not v["accepted"] for vs in cheaters.values() for v in vs)
+    kinds = {f"cheater-{i}": k for i, k in enumerate(CHEATS)}
+    for name, vs in cheaters.items():
+        if kinds[name] == "replay":  # its first file is honest work; the replays are not
+            vs = vs[1:]
+        assert all(not v["accepted"] for v in vs), (kinds[name], vs)
     assert sum(r["rejected_files"] for r in read_metrics(run)) >= len(judged)
     assert "cheater files rejected" in res.stdout
     # the ledger: every judged cheater ejected and slashed, no honest node touched

@@ -297,3 +297,6 @@ def test_a_node_cannot_redraw_its_prompts(orch):
         again = o.assignment(w, policy)["assignment"]
         assert (again["counter"], again["seed"]) == (first["counter"], first["seed"])
         assert again["policy_step"] == policy
+    o.open_step(5, 4)  # the trainer moved past the assignment's step while the node was away
+    moved = o.assignment(w, 4)["assignment"]
+    assert moved["step"] == 5 and moved["counter"] != first["counter"] and moved["policy_step"] == 4

@@ -28,7 +28,7 @@ class MemoryQueue:
             for k, (d, v, c) in sorted(self.files.items())
             if k not in self.consumed and k not in self.rejected
         ]
-        return ready, len(self.rejected), False
+        return ready, len(self.rejected), 0, False
 
     def fetch(self, f):
         return self.files[f.key][0]
