@@ -49,6 +49,7 @@ bench: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/python bench/grpo_vs_trl.py
 	$(BIN)/python bench/shardcast.py
 	$(BIN)/python bench/toploc.py --peer
+	$(BIN)/python bench/orchestrator_load.py
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

@@ -53,11 +53,12 @@ Settings chosen for the benchmark, not for realism of the run:
 - `unhealthy_after_s` and `dead_after_s` at 3x and 9x the heartbeat interval
   (their defaults assume a 2 s heartbeat), so the jitter of a 10 s heartbeat
   does not make nodes unhealthy;
-- PostgreSQL keeps its default durability (fsync on, synchronous_commit on),
-  as SQLite keeps its synchronous=FULL: both engines pay for a durable commit.
-  Each level first measures what an fsync costs on this disk right then
-  (`disk_fsync_ms_before`): the orchestrator commits on its event loop, so
-  its latencies follow the disk's, which other work on the machine moves.
+- each engine as the orchestrator configures it: SQLite with
+  synchronous=NORMAL in WAL mode (a commit is not fsynced; a killed process
+  loses nothing, a power loss may lose the last commits), PostgreSQL with its
+  default durability (synchronous_commit on: an fsync of the WAL per
+  commit). Each level first measures what an fsync costs on this disk right
+  then (`disk_fsync_ms_before`), which other work on the machine moves.
 
 Usage:
   .venv/bin/python bench/orchestrator_load.py [--nodes 250,500,1000,2000] [--seconds 30]

@@ -88,3 +88,18 @@ def test_upload_urls_are_rate_limited(tmp_path):
     big = body | {"size": o.cfg.orchestrator.max_file_bytes + 1}
     o.clock.t += 61
     assert o.call(w, "POST", "/v1/uploads", big).status_code == 413
+
+
+def test_status_table_shows_states_contributions_and_stakes(granted):
+    from swarmrl.protocol.status import ledger_table
+
+    o, w, g, data = granted
+    o.http.put(_url(g), content=data)
+    o.ok(w, "POST", "/v1/submit", {"key": g["key"], "sha256": hashlib.sha256(data).hexdigest()})
+    table = ledger_table(o.http.get("/v1/ledger").json(), now=o.clock())
+    lines = table.splitlines()
+    assert "trainer step 1, policy 0" in lines[0]
+    assert lines[1].split() == ["node", "role", "state", "seen", "accepted", "pending",
+                                "rejected", "void", "final", "stake", "slashed"]  # fmt: skip
+    row = lines[2].split()
+    assert row[1:3] == ["worker", "healthy"] and row[-2:] == ["100.0", "0.0"] and row[6] == "1"
