@@ -16,10 +16,14 @@ picks the engine from `orchestrator.database`, here and nowhere else:
   capped the API far below its goal;
 - PostgreSQL (`postgresql://...`, psycopg 3): for operators who run several
   orchestrator replicas behind one address. Every multi-row decision is one
-  conditional UPDATE (`... WHERE state = 'x' RETURNING`), so replicas racing
-  for the same row cannot both win.
+  conditional UPDATE (`... WHERE state = 'x' RETURNING`), so replicas (and
+  the pooled connections of one replica) racing for the same row cannot both
+  win. The capacity check before a new assignment is a read, so concurrent
+  heartbeats may each see room for one more file: assignments can overshoot
+  the limit by the number of requests in flight, never grow without bound.
 
-Within one process a lock serialises transactions on the one connection.
+SQLite runs one transaction at a time in a process (a lock around its one
+connection); PostgreSQL runs up to 8 at once, one per pooled connection.
 """
 
 from __future__ import annotations
@@ -140,23 +144,35 @@ class SQLiteDatabase(Database):
 
 
 class PostgresDatabase(Database):
+    """A small pool of connections: transactions of concurrent requests run side by
+    side in PostgreSQL (one shared connection measured p99 1.5 s at 1000 nodes,
+    every request queueing behind the one before it for its round trips)."""
+
     engine = "postgres"
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, connections: int = 8):
+        import queue
+
         import psycopg
 
-        self.conn = psycopg.connect(url, autocommit=True)  # transactions are explicit
-        self.lock = threading.Lock()
+        self.pool: queue.Queue = queue.Queue()
+        self.conns = [psycopg.connect(url, autocommit=True) for _ in range(connections)]
+        for c in self.conns:  # autocommit: transactions are explicit
+            self.pool.put(c)
         self.create_schema()
 
     @contextmanager
     def tx(self) -> Iterator[Cursor]:
-        with self.lock:
-            with self.conn.transaction(), self.conn.cursor() as cur:
+        conn = self.pool.get()
+        try:
+            with conn.transaction(), conn.cursor() as cur:
                 yield Cursor(cur, "format")
+        finally:
+            self.pool.put(conn)
 
     def close(self) -> None:
-        self.conn.close()
+        for c in self.conns:
+            c.close()
 
 
 def open_database(spec: str, default_path: Path) -> Database:

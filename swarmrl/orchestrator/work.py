@@ -45,13 +45,18 @@ FILE_STATES = (*ON_THE_WAY, "consumed", "trained", "rejected", "stale", "discard
 
 
 def run_state(svc: Service, cur) -> dict:
-    step = svc.meta("trainer_step", cur)
-    policy = svc.meta("policy", cur)
+    """The trainer's step, the newest published policy, done and paused (one query:
+    every heartbeat asks)."""
+    meta = dict(
+        cur.execute(
+            "SELECT k, v FROM meta WHERE k IN ('trainer_step', 'policy', 'done', 'paused')"
+        ).fetchall()
+    )
     return {
-        "step": int(step) if step is not None else None,
-        "policy": int(policy) if policy is not None else None,
-        "done": svc.meta("done", cur) == "1",
-        "paused": svc.meta("paused", cur) == "1",
+        "step": int(meta["trainer_step"]) if "trainer_step" in meta else None,
+        "policy": int(meta["policy"]) if "policy" in meta else None,
+        "done": meta.get("done") == "1",
+        "paused": meta.get("paused") == "1",
     }
 
 
