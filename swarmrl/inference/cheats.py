@@ -20,8 +20,8 @@ by that one thing:
 - wrong-prompts: answers problems other than the assigned ones;
 - easy-level: answers problems of the easiest difficulty level (and no
   down-weighting of mastered problems) instead of the issued sampler state;
-- replay: after one honest file, submits each earlier file, relabelled, as the
-  work of the next assignment.
+- replay: after one honest file, submits that file again, relabelled, as the
+  work of every later assignment.
 
 These are test fixtures of the validator, not part of an honest run.
 """
@@ -174,19 +174,23 @@ class Replay(Honest):
     name = "replay"
 
     def __init__(self):
-        self.previous: bytes | None = None
+        self.first: bytes | None = None
 
     def upload(self, client, a, data):
-        """Uploads its first file honestly, then passes each earlier file off as the
-        work of the next assignment, relabelled with its step and policy (new bytes,
-        so the orchestrator cannot tell; the validator recomputes the prompts)."""
+        """Uploads its first file honestly, then passes that file off as the work of
+        every later assignment, relabelled with its step and policy. The same bytes
+        again are refused by the orchestrator; relabelled bytes are new to it, and the
+        validator finds prompts that are not the assignment's."""
         from swarmrl.inference.rollouts import read_rollouts, write_rollouts
         from swarmrl.inference.worker import upload_file
 
-        old, self.previous = self.previous, data
-        if old is not None:
-            rows = [r | {"step": a.step, "policy_step": a.policy_step} for r in read_rollouts(old)]
-            data = write_rollouts(rows)
+        if self.first is None:
+            self.first = data
+        else:
+            rows = read_rollouts(self.first)
+            data = write_rollouts(
+                [r | {"step": a.step, "policy_step": a.policy_step} for r in rows]
+            )
         return upload_file(client, a, data)
 
 

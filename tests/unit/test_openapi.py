@@ -52,7 +52,7 @@ def _signer(o: Orch, path: str):
 
 
 @schema.parametrize()
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 def test_generated_requests_never_get_a_5xx(case, orch):
     kw = case.as_transport_kwargs()
     body = b"" if case.body is None or "json" not in kw else json.dumps(kw["json"]).encode()
