@@ -29,7 +29,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from swarmrl.orchestrator import nodes, work
+from swarmrl.orchestrator import files, nodes, work
 from swarmrl.orchestrator.auth import (
     purge_nonces,
     require_live_node,
@@ -160,8 +160,8 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
             def loop():
                 while not stop.wait(sweep_every_s):
                     nodes.sweep(svc)
-                    work.finalize(svc)
-                    work.discard_stale(svc)
+                    files.finalize(svc)
+                    files.discard_stale(svc)
                     purge_nonces(svc)
 
             thread = threading.Thread(target=loop, daemon=True, name="sweeper")
@@ -281,36 +281,36 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     # -- validators ----------------------------------------------------------
     @app.post("/v1/validation/claim", responses=ERRORS)
     def claim(body: ClaimIn, key: str = as_validator) -> dict:
-        return work.claim_file(svc, key, body.max_policy)
+        return files.claim_file(svc, key, body.max_policy)
 
     @app.post("/v1/validation/verdict", responses=ERRORS)
     def verdict(body: VerdictIn, key: str = as_validator) -> dict:
-        return work.record_verdict(svc, key, body.verdict.model_dump())
+        return files.record_verdict(svc, key, body.verdict.model_dump())
 
     # -- the trainer ---------------------------------------------------------
     @app.post("/v1/trainer/step", responses=ERRORS)
     def trainer_step(body: StepIn, key: str = as_trainer) -> dict:
-        return work.open_step(svc, body.step, body.sampler.model_dump(), body.done)
+        return files.open_step(svc, body.step, body.sampler.model_dump(), body.done)
 
     @app.post("/v1/trainer/published", responses=ERRORS)
     def trainer_published(body: VersionIn, key: str = as_trainer) -> dict:
-        return work.published(svc, body.version)
+        return files.published(svc, body.version)
 
     @app.get("/v1/trainer/files", responses=ERRORS)
     def trainer_files(key: str = as_trainer, step: int = Query(ge=0, le=1 << 40)) -> dict:
-        return work.trainer_files(svc, step)
+        return files.trainer_files(svc, step)
 
     @app.post("/v1/trainer/consume", responses=ERRORS)
     def trainer_consume(body: ConsumeIn, key: str = as_trainer) -> dict:
-        return work.consume(svc, body.step, body.keys)
+        return files.consume(svc, body.step, body.keys)
 
     @app.post("/v1/trainer/reject", responses=ERRORS)
     def trainer_reject(body: TrainerRejectIn, key: str = as_trainer) -> dict:
-        return work.trainer_reject(svc, body.key, body.reason)
+        return files.trainer_reject(svc, body.key, body.reason)
 
     @app.post("/v1/trainer/resume", responses=ERRORS)
     def trainer_resume(body: VersionIn, key: str = as_trainer) -> dict:
-        return work.resume(svc, body.version)
+        return files.resume(svc, body.version)
 
     # -- the operator --------------------------------------------------------
     @app.get("/v1/admin/nodes", responses=ERRORS)

@@ -129,7 +129,7 @@ def test_silent_node_goes_unhealthy_then_dead_and_its_work_is_reissued(orch):
 
 
 def test_cheater_is_ejected_voided_slashed_and_cannot_come_back(orch):
-    from swarmrl.orchestrator.work import finalize
+    from swarmrl.orchestrator.files import finalize
 
     o = orch(
         "orchestrator.validity_window_s=100",

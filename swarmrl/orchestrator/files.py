@@ -1,0 +1,230 @@
+"""After upload: validation, the trainer's queue, and finality.
+
+A submitted file is claimed by one validator at a time (a lease of
+`validation_lease_s`: a validator that dies loses it), judged, and its
+signed verdict recorded: accepted files wait for the trainer, a rejection
+ejects and slashes the node (orchestrator/nodes.py `punish`). The trainer
+opens steps, lists the accepted files of a step, marks the ones it uses
+consumed, and announces published versions; on resume the files consumed
+after the resumed version go back. Contributions become final after the
+validity window. The states are described in orchestrator/work.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+from swarmrl.orchestrator.nodes import event, punish
+from swarmrl.orchestrator.service import ApiError, Service
+from swarmrl.orchestrator.work import (
+    ASSIGNMENT_COLUMNS,
+    assignment_dict,
+    mark_stale,
+    run_state,
+)
+from swarmrl.protocol.identity import verify
+
+
+def discard_stale(svc: Service) -> int:
+    """Delete the objects of stale files once no upload URL for them can still be valid
+    (an upload may land after its file was marked stale)."""
+    horizon = svc.clock() - svc.cfg.orchestrator.upload_url_ttl_s - 60.0
+    with svc.db.tx() as cur:
+        rows = cur.execute(
+            "UPDATE files SET state = 'discarded' WHERE state = 'stale' AND created < ?"
+            " RETURNING key",
+            (horizon,),
+        ).fetchall()
+    for (k,) in rows:
+        svc.objects.delete(k)
+    return len(rows)
+
+
+def claim_file(svc: Service, validator: str, max_policy: int) -> dict:
+    """The next pending file whose policy this validator holds (at most
+    `max_policy`), held for it for `validation_lease_s`."""
+    now = svc.clock()
+    with svc.db.tx() as cur:
+        mark_stale(svc, cur)
+        run = run_state(svc, cur)
+        published = min(run["policy"] if run["policy"] is not None else -1, max_policy)
+        row = cur.execute(
+            "UPDATE files SET validator = ?, lease = ? WHERE key = (SELECT key FROM files"
+            " WHERE state = 'pending' AND void = 0 AND policy <= ? AND (lease IS NULL OR lease < ?)"
+            " ORDER BY policy, key LIMIT 1) AND state = 'pending' AND (lease IS NULL OR lease < ?)"
+            " RETURNING key, sha256, node, step, policy, counter, size",
+            (validator, now + svc.cfg.orchestrator.validation_lease_s, published, now, now),
+        ).fetchone()
+        answer = {"file": None, "trainer_step": run["step"], "done": run["done"]}
+        if row is None:
+            return answer
+        key, sha, node, step, policy, counter, size = row
+        a = cur.execute(
+            f"SELECT {ASSIGNMENT_COLUMNS} FROM assignments WHERE counter = ?", (counter,)
+        ).fetchone()
+        assignment = assignment_dict(svc, cur, a)
+    expires = int(now + svc.cfg.orchestrator.validation_lease_s)
+    answer["file"] = {
+        "key": key,
+        "sha256": sha,
+        "node": node,
+        "size": size,
+        "url": svc.objects.download_url(key, expires),
+        "assignment": assignment,
+    }
+    return answer
+
+
+def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
+    from swarmrl.validator.record import Verdict
+
+    try:
+        v = Verdict(**verdict)
+    except TypeError as e:
+        raise ApiError(422, f"not a verdict: {e}") from None
+    if v.validator != validator or not verify(v.validator, v.payload(), v.signature):
+        raise ApiError(403, "the verdict is not signed by the calling validator")
+    with svc.db.tx() as cur:
+        row = cur.execute(
+            "SELECT sha256, node, state, validator, void FROM files WHERE key = ?", (v.key,)
+        ).fetchone()
+        if row is None:
+            raise ApiError(404, f"no file {v.key!r}")
+        sha, node, state, holder, void = row
+        if sha != v.sha256 or node != v.node:
+            raise ApiError(409, "the verdict names other bytes or another node than the file")
+        if state != "pending":
+            return {"state": state}
+        if holder != validator:
+            raise ApiError(409, "this file is held by another validator")
+        blob = json.dumps(verdict, sort_keys=True)
+        if v.accepted:
+            cur.execute(
+                "UPDATE files SET state = 'accepted', checked = 1, verdict = ? WHERE key = ?",
+                (blob, v.key),
+            )
+            return {"state": "accepted"}
+        cur.execute(
+            "UPDATE files SET state = 'rejected', checked = 1, verdict = ?, check_name = ?,"
+            " reason = ? WHERE key = ?",
+            (blob, v.check, v.reason[:1000], v.key),
+        )
+        ejected = False
+        if v.check != "error":  # the validator's own failure: the file is refused, no one punished
+            nstate = cur.execute("SELECT state FROM nodes WHERE key = ?", (node,)).fetchone()
+            if nstate is not None and nstate[0] not in ("ejected", "banned"):
+                punish(svc, cur, node, "ejected", f"{v.check}: {v.reason}", slash=True)
+                ejected = True
+    return {"state": "rejected", "ejected": ejected}
+
+
+def open_step(svc: Service, step: int, sampler: dict, done: bool) -> dict:
+    keep = 2 * svc.cfg.async_level + 4
+    with svc.db.tx() as cur:
+        cur.execute(
+            "INSERT INTO steps VALUES (?, ?, ?) ON CONFLICT (step) DO UPDATE SET"
+            " sampler = excluded.sampler, opened = excluded.opened",
+            (step, json.dumps(sampler, sort_keys=True), svc.clock()),
+        )
+        cur.execute("DELETE FROM steps WHERE step < ?", (step - keep,))
+        svc.set_meta(cur, "trainer_step", str(step))
+        if done:
+            svc.set_meta(cur, "done", "1")
+        mark_stale(svc, cur)
+    return {"step": step}
+
+
+def published(svc: Service, version: int) -> dict:
+    """Version `version` is out: objects the trainer consumed up to it are deleted."""
+    with svc.db.tx() as cur:
+        svc.set_meta(cur, "policy", str(version))
+        rows = cur.execute(
+            "UPDATE files SET state = 'trained' WHERE state = 'consumed' AND consumed_step <= ?"
+            " RETURNING key",
+            (version,),
+        ).fetchall()
+    for (k,) in rows:
+        svc.objects.delete(k)
+    return {"policy": version, "trained": len(rows)}
+
+
+def trainer_files(svc: Service, step: int) -> dict:
+    """Accepted files the trainer may take for `step`, oldest key first."""
+    now = svc.clock()
+    expires = int(now + 600)
+    with svc.db.tx() as cur:
+        mark_stale(svc, cur)
+        rows = cur.execute(
+            "SELECT key, sha256, node, policy, verdict, checked FROM files WHERE state = 'accepted'"
+            " AND void = 0 AND policy >= ? ORDER BY key",
+            (step - svc.cfg.async_level,),
+        ).fetchall()
+        counts = dict(cur.execute("SELECT state, COUNT(*) FROM files GROUP BY state").fetchall())
+        stopped = svc.meta("stopped", cur) == "1"
+    files = [
+        {
+            "key": k,
+            "sha256": sha,
+            "node": node,
+            "policy_step": policy,
+            "verdict": json.loads(verdict) if verdict else None,
+            "checked": bool(checked),
+            "url": svc.objects.download_url(k, expires),
+        }
+        for k, sha, node, policy, verdict, checked in rows
+    ]
+    return {"files": files, "counts": counts, "stopped": stopped}
+
+
+def consume(svc: Service, step: int, keys: list[str]) -> dict:
+    taken = []
+    with svc.db.tx() as cur:
+        for k in keys:
+            n = cur.execute(
+                "UPDATE files SET state = 'consumed', consumed_step = ? WHERE key = ?"
+                " AND state = 'accepted' AND void = 0",
+                (step, k),
+            ).rowcount
+            if n:
+                taken.append(k)
+    return {"consumed": taken}
+
+
+def trainer_reject(svc: Service, key: str, reason: str) -> dict:
+    with svc.db.tx() as cur:
+        n = cur.execute(
+            "UPDATE files SET state = 'rejected', check_name = 'trainer', reason = ?"
+            " WHERE key = ? AND state IN ('accepted', 'consumed')",
+            (reason[:1000], key),
+        ).rowcount
+    return {"rejected": bool(n)}
+
+
+def resume(svc: Service, version: int) -> dict:
+    """The trainer restarts after `version`: files consumed by later steps go back."""
+    with svc.db.tx() as cur:
+        n = cur.execute(
+            "UPDATE files SET state = 'accepted', consumed_step = NULL WHERE state = 'consumed'"
+            " AND consumed_step > ?",
+            (version,),
+        ).rowcount
+        svc.set_meta(cur, "policy", str(version))
+        cur.execute("DELETE FROM meta WHERE k IN ('done', 'stopped')")
+    return {"returned": n}
+
+
+def finalize(svc: Service) -> int:
+    """Contributions older than the validity window become final (cannot be voided)."""
+    now = svc.clock()
+    with svc.db.tx() as cur:
+        rows = cur.execute(
+            "UPDATE files SET final = 1 WHERE final = 0 AND void = 0 AND state IN"
+            " ('accepted', 'consumed', 'trained') AND submitted < ? RETURNING node",
+            (now - svc.cfg.orchestrator.validity_window_s,),
+        ).fetchall()
+        per: dict[str, int] = {}
+        for (node,) in rows:
+            per[node] = per.get(node, 0) + 1
+        for node, n in per.items():
+            event(cur, now, node, "final", float(n), f"{n} files final")
+    return len(rows)
