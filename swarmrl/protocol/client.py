@@ -79,25 +79,52 @@ class OrchestratorClient:
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    def _retrying(self, what: str, attempt):
+        """`attempt()` until it returns, retrying transport errors and 5xx answers (the
+        orchestrator serving the object store may be restarting) for `patience_s`."""
+        deadline = time.time() + self.patience_s
+        delay = 0.2
+        while True:
+            try:
+                return attempt()
+            except httpx.TransportError as e:
+                why = f"{type(e).__name__}: {e}"
+            except OrchestratorError as e:
+                if e.status < 500:
+                    raise
+                why = f"HTTP {e.status}"
+            # Recovered: retried like an API call (see the module docstring).
+            if time.time() > deadline:
+                raise ConnectionError(f"{what} failed for {self.patience_s:.0f}s: {why}")
+            log.warning("%s: %s; retrying in %.1fs", what, why, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
     def get_bytes(self, url: str, limit: int) -> bytes:
         """Download a signed object URL, refusing more than `limit` bytes."""
-        with httpx.stream("GET", url, timeout=60.0) as resp:
-            if resp.status_code != 200:
-                raise OrchestratorError(
-                    resp.status_code, resp.read().decode(errors="replace")[:300], url
-                )
-            chunks, n = [], 0
-            for chunk in resp.iter_bytes():
-                n += len(chunk)
-                if n > limit:
-                    raise OrchestratorError(413, f"object over {limit} bytes", url)
-                chunks.append(chunk)
-        return b"".join(chunks)
+
+        def attempt() -> bytes:
+            with httpx.stream("GET", url, timeout=60.0) as resp:
+                if resp.status_code != 200:
+                    detail = resp.read().decode(errors="replace")[:300]
+                    raise OrchestratorError(resp.status_code, detail, "download")
+                chunks, n = [], 0
+                for chunk in resp.iter_bytes():
+                    n += len(chunk)
+                    if n > limit:
+                        raise OrchestratorError(413, f"object over {limit} bytes", "download")
+                    chunks.append(chunk)
+            return b"".join(chunks)
+
+        return self._retrying("download", attempt)
 
     def put_bytes(self, url: str, data: bytes, headers: dict | None = None) -> None:
-        resp = httpx.put(url, content=data, headers=headers or {}, timeout=120.0)
-        if resp.status_code >= 300:
-            raise OrchestratorError(resp.status_code, resp.text[:300], "upload")
+        def attempt() -> None:
+            resp = httpx.put(url, content=data, headers=headers or {}, timeout=120.0)
+            if resp.status_code >= 300:
+                raise OrchestratorError(resp.status_code, resp.text[:300], "upload")
+
+        self._retrying("upload", attempt)
 
     def close(self) -> None:
         self.http.close()
