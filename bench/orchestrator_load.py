@@ -282,9 +282,14 @@ def snapshot(orchestrator: int, postgres: int | None) -> dict:
 
 
 async def server_means(session: aiohttp.ClientSession, url: str) -> dict[str, list[float]]:
-    """Per route: [sum of seconds, count] from the orchestrator's /metrics."""
-    async with session.get(url + "/metrics") as r:
-        text = await r.text()
+    """Per route: [sum of seconds, count] from the orchestrator's /metrics; empty when
+    an overloaded orchestrator does not answer in time (the level still reports)."""
+    try:
+        async with session.get(url + "/metrics") as r:
+            text = await r.text()
+    except (TimeoutError, aiohttp.ClientError) as e:
+        print(f"  /metrics unanswered ({type(e).__name__}): no server-side means", flush=True)
+        return {}
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
         m = METRIC.match(line)
@@ -406,6 +411,7 @@ async def drive(url: str, trainer: SigningKey, n: int, load: Load, pids: tuple) 
     server = {
         route: [s - server0.get(route, [0.0, 0.0])[0], c - server0.get(route, [0.0, 0.0])[1]]
         for route, (s, c) in server1.items()
+        if server0  # both ends of the window, or nothing
     }
     return {**ramp, **summarize(rec, load, lags, cpu, server)}
 

@@ -3,7 +3,7 @@ orchestrator/nodes.py or orchestrator/work.py. The API is described by the
 OpenAPI document it serves at /openapi.json (checked in as docs/openapi.json).
 
 Public (no key): /health, /metrics (Prometheus), /v1/run (the run's public
-parameters), /v1/run/dataset, /v1/ledger. Signed by a node: register,
+parameters), /v1/run/servers, /v1/run/dataset, /v1/ledger. Signed by a node: register,
 heartbeat, uploads, submit, relay reports. Signed by a validator: claim and
 verdict. Signed by the trainer: /v1/trainer/*. Operator (bearer token):
 /v1/admin/*. The object store routes (/objects/...) check their own
@@ -11,31 +11,39 @@ HMAC-signed URLs.
 
 Every refusal is a 4xx with `{"detail": ...}`; request bodies above
 `orchestrator.max_request_bytes` are refused with 413 before they are read.
-Routes that touch the database are plain functions, which FastAPI runs on its
-thread pool: a commit waiting for the disk does not stall the event loop that
-reads other requests (the database lock still orders the transactions).
+Signed routes check the signature and role on the event loop (auth.py), then
+run the nonce's record and the operation as one job on a small thread pool of
+their own (`call`): a commit waiting for the disk does not stall the event loop
+that reads other requests (the database lock still orders the transactions),
+and a request crosses threads once. The request metrics are a plain ASGI
+middleware. (Both measured: Starlette's `@app.middleware` wrapper and two
+hops through AnyIO's thread pool per request were most of the orchestrator's
+CPU under load; bench/orchestrator_load.py.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from starlette.concurrency import run_in_threadpool
 
 from swarmrl.orchestrator import files, nodes, work
 from swarmrl.orchestrator.auth import (
+    Caller,
+    admit,
+    authenticate,
     purge_nonces,
     require_live_node,
     require_operator,
-    require_role,
-    signer,
 )
 from swarmrl.orchestrator.objects import LocalObjectStore, ObjectError
 from swarmrl.orchestrator.schemas import (
@@ -53,6 +61,8 @@ from swarmrl.orchestrator.schemas import (
     VersionIn,
 )
 from swarmrl.orchestrator.service import ApiError, Service
+
+log = logging.getLogger("swarmrl.orchestrator")
 
 ERRORS = {
     401: {
@@ -90,6 +100,36 @@ class BodyLimit:
             return msg
 
         return await self.app(scope, limited, send)
+
+
+class Measure:
+    """Count requests by route and status and time them (Prometheus), as a plain
+    ASGI middleware: the route is known once the router has matched it."""
+
+    def __init__(self, app, requests, latency):
+        self.app = app
+        self.requests = requests
+        self.latency = latency
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = 500
+
+        async def sending(msg):
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = scope.get("route")
+            name = route.path if route is not None else "other"
+            self.requests.labels(name, str(status)).inc()
+            self.latency.labels(name).observe(time.perf_counter() - t0)
 
 
 async def _too_large(send, limit: int) -> None:
@@ -150,6 +190,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     )  # fmt: skip
     node_states = Gauge("swarmrl_nodes", "Nodes by state", ["state"], registry=registry)
     file_states = Gauge("swarmrl_files", "Rollout files by state", ["state"], registry=registry)
+    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="db")
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -159,10 +200,13 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
 
             def loop():
                 while not stop.wait(sweep_every_s):
-                    nodes.sweep(svc)
-                    files.finalize(svc)
-                    files.discard_stale(svc)
-                    purge_nonces(svc)
+                    try:
+                        nodes.sweep(svc)
+                        files.finalize(svc)
+                        files.discard_stale(svc)
+                        purge_nonces(svc)
+                    except Exception:  # a failed sweep (a deadlock, a lost connection) is retried
+                        log.exception("sweep failed; retrying in %.1f s", sweep_every_s)
 
             thread = threading.Thread(target=loop, daemon=True, name="sweeper")
             thread.start()
@@ -170,6 +214,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
         stop.set()
         if thread is not None:
             thread.join(timeout=5)
+        pool.shutdown(wait=False)
 
     app = FastAPI(
         title="swarmrl orchestrator",
@@ -182,30 +227,25 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     async def api_error(_request, e: ApiError):
         return JSONResponse({"detail": e.detail}, status_code=e.status)
 
-    @app.middleware("http")
-    async def measure(request: Request, call_next):
-        t0 = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        name = route.path if route is not None else "other"
-        requests.labels(name, str(response.status_code)).inc()
-        latency.labels(name).observe(time.perf_counter() - t0)
-        return response
-
     def signed_by(role: str | None, live: bool = False):
-        """A dependency: the caller's key, after the signature (401) and role (403)
+        """A dependency: the caller, after the signature (401) and role (403)
         checks. Dependencies run before the body is validated, so an
         unauthenticated caller learns nothing about the schema."""
 
-        async def dependency(request: Request) -> str:
-            key = await signer(svc, request)
-            if live:
-                await run_in_threadpool(require_live_node, svc, key)
-            elif role is not None:
-                require_role(svc, key, role)
-            return key
+        async def dependency(request: Request) -> Caller:
+            return await authenticate(svc, request, role, live)
 
         return dependency
+
+    async def call(caller: Caller, fn, *args):
+        """`fn(*args)` on the database threads, after `admit` (the nonce, and the
+        node's state where the route needs a live node) in the same job."""
+
+        def job():
+            admit(svc, caller)
+            return fn(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(pool, job)
 
     as_node = Depends(signed_by("node"))
     as_live_node = Depends(signed_by("node", live=True))
@@ -240,6 +280,12 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     def run_params() -> dict:
         return public_params(svc)
 
+    @app.get("/v1/run/servers")
+    def run_servers() -> dict:
+        """The SHARDCAST servers advertised now (nodes refresh their list from it)."""
+        with svc.db.tx() as cur:
+            return {"servers": work.servers(svc, cur)}
+
     @app.get("/v1/run/dataset", responses={404: {"description": "The run has no dataset file"}})
     def dataset():
         if not svc.cfg.task.dataset:
@@ -252,65 +298,76 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
 
     # -- nodes ---------------------------------------------------------------
     @app.post("/v1/nodes/register", responses=ERRORS)
-    def register(body: RegisterIn, key: str = as_node) -> dict:
+    async def register(body: RegisterIn, caller: Caller = as_node) -> dict:
         if body.role == "worker" and body.hardware is None:
             raise ApiError(422, "a worker must send its hardware report")
         if body.role == "relay" and not body.url:
             raise ApiError(422, "a relay must send its URL")
         hw = body.hardware.model_dump() if body.hardware else {}
-        return nodes.register(svc, key, body.role, hw, body.url)
+        return await call(caller, nodes.register, svc, caller.key, body.role, hw, body.url)
 
     @app.post("/v1/nodes/heartbeat", responses=ERRORS)
-    def heartbeat(body: HeartbeatIn, key: str = as_node) -> dict:
-        return work.heartbeat(svc, key, body.policy_version, body.want_work)
+    async def heartbeat(body: HeartbeatIn, caller: Caller = as_node) -> dict:
+        return await call(
+            caller, work.heartbeat, svc, caller.key, body.policy_version, body.want_work
+        )
 
     @app.post("/v1/uploads", responses={**ERRORS, 429: {"description": "Rate limited"}})
-    def uploads(body: UploadIn, key: str = as_live_node) -> dict:
-        return work.grant_upload(svc, key, body.counter, body.size, body.sha256)
+    async def uploads(body: UploadIn, caller: Caller = as_live_node) -> dict:
+        return await call(
+            caller, work.grant_upload, svc, caller.key, body.counter, body.size, body.sha256
+        )
 
     @app.post("/v1/submit", responses=ERRORS)
-    def submit(body: SubmitIn, key: str = as_live_node) -> dict:
-        return work.submit(svc, key, body.key, body.sha256)
+    async def submit(body: SubmitIn, caller: Caller = as_live_node) -> dict:
+        return await call(caller, work.submit, svc, caller.key, body.key, body.sha256)
 
     @app.post("/v1/relays/report", responses=ERRORS)
-    def relay_report(body: RelayReportIn, key: str = as_anyone) -> dict:
-        if svc.role_of(key) != "validator":
-            require_live_node(svc, key)
-        return work.report_relay(svc, key, body.url, body.what)
+    async def relay_report(body: RelayReportIn, caller: Caller = as_anyone) -> dict:
+        def report():
+            if svc.role_of(caller.key) != "validator":
+                require_live_node(svc, caller.key)
+            return work.report_relay(svc, caller.key, body.url, body.what)
+
+        return await call(caller, report)
 
     # -- validators ----------------------------------------------------------
     @app.post("/v1/validation/claim", responses=ERRORS)
-    def claim(body: ClaimIn, key: str = as_validator) -> dict:
-        return files.claim_file(svc, key, body.max_policy)
+    async def claim(body: ClaimIn, caller: Caller = as_validator) -> dict:
+        return await call(caller, files.claim_file, svc, caller.key, body.max_policy)
 
     @app.post("/v1/validation/verdict", responses=ERRORS)
-    def verdict(body: VerdictIn, key: str = as_validator) -> dict:
-        return files.record_verdict(svc, key, body.verdict.model_dump())
+    async def verdict(body: VerdictIn, caller: Caller = as_validator) -> dict:
+        return await call(caller, files.record_verdict, svc, caller.key, body.verdict.model_dump())
 
     # -- the trainer ---------------------------------------------------------
     @app.post("/v1/trainer/step", responses=ERRORS)
-    def trainer_step(body: StepIn, key: str = as_trainer) -> dict:
-        return files.open_step(svc, body.step, body.sampler.model_dump(), body.done)
+    async def trainer_step(body: StepIn, caller: Caller = as_trainer) -> dict:
+        return await call(
+            caller, files.open_step, svc, body.step, body.sampler.model_dump(), body.done
+        )
 
     @app.post("/v1/trainer/published", responses=ERRORS)
-    def trainer_published(body: VersionIn, key: str = as_trainer) -> dict:
-        return files.published(svc, body.version)
+    async def trainer_published(body: VersionIn, caller: Caller = as_trainer) -> dict:
+        return await call(caller, files.published, svc, body.version)
 
     @app.get("/v1/trainer/files", responses=ERRORS)
-    def trainer_files(key: str = as_trainer, step: int = Query(ge=0, le=1 << 40)) -> dict:
-        return files.trainer_files(svc, step)
+    async def trainer_files(
+        caller: Caller = as_trainer, step: int = Query(ge=0, le=1 << 40)
+    ) -> dict:
+        return await call(caller, files.trainer_files, svc, step)
 
     @app.post("/v1/trainer/consume", responses=ERRORS)
-    def trainer_consume(body: ConsumeIn, key: str = as_trainer) -> dict:
-        return files.consume(svc, body.step, body.keys)
+    async def trainer_consume(body: ConsumeIn, caller: Caller = as_trainer) -> dict:
+        return await call(caller, files.consume, svc, body.step, body.keys)
 
     @app.post("/v1/trainer/reject", responses=ERRORS)
-    def trainer_reject(body: TrainerRejectIn, key: str = as_trainer) -> dict:
-        return files.trainer_reject(svc, body.key, body.reason)
+    async def trainer_reject(body: TrainerRejectIn, caller: Caller = as_trainer) -> dict:
+        return await call(caller, files.trainer_reject, svc, body.key, body.reason)
 
     @app.post("/v1/trainer/resume", responses=ERRORS)
-    def trainer_resume(body: VersionIn, key: str = as_trainer) -> dict:
-        return files.resume(svc, body.version)
+    async def trainer_resume(body: VersionIn, caller: Caller = as_trainer) -> dict:
+        return await call(caller, files.resume, svc, body.version)
 
     # -- the operator --------------------------------------------------------
     @app.get("/v1/admin/nodes", responses=ERRORS)
@@ -363,6 +420,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
             return FileResponse(path)
 
     app.add_middleware(BodyLimit, limit=svc.cfg.orchestrator.max_request_bytes)
+    app.add_middleware(Measure, requests=requests, latency=latency)
     app.openapi = lambda: _with_security(app)
     return app
 

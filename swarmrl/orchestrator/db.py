@@ -12,16 +12,22 @@ picks the engine from `orchestrator.database`, here and nowhere else:
   once written to the WAL, so a killed or restarted orchestrator loses
   nothing; a power loss or OS crash may lose the last commits (never the
   database's consistency). FULL (an fsync per commit) measured 4 to 12 ms per
-  commit on this machine's disk, two commits per signed request, which alone
-  capped the API far below its goal;
+  commit on this machine's disk, two commits per signed request (the nonce,
+  then the operation), which alone capped the API far below its goal;
 - PostgreSQL (`postgresql://...`, psycopg 3): for operators who run several
   orchestrator replicas behind one address. Every multi-row decision is one
-  conditional UPDATE (`... WHERE state = 'x' RETURNING`), so replicas racing
-  for the same row cannot both win. The capacity check before a new assignment is a read, so heartbeats
-  on different replicas may each see room for one more file: assignments can overshoot
+  conditional UPDATE (`... WHERE state = 'x' RETURNING`), so replicas (and
+  the pooled connections of one replica) racing for the same row cannot both
+  win. The capacity check before a new assignment is a read, so concurrent
+  heartbeats may each see room for one more file: assignments can overshoot
   the limit by the number of requests in flight, never grow without bound.
 
-Within one process a lock serialises transactions on the one connection.
+SQLite runs one transaction at a time in a process (a lock around its one
+connection). PostgreSQL runs up to 8 at once, one per pooled connection: with
+one connection, every request queued behind the round trips and the commit
+fsync of the one before it (p99 0.36 to 7 s at 1000 simulated nodes; with
+the pool 19 to 33 ms, bench/orchestrator_load.py). An earlier try of the pool
+measured no better because the orchestrator's own CPU was then the limit.
 """
 
 from __future__ import annotations
@@ -94,11 +100,15 @@ class Cursor:
 
 
 class Database:
-    """The interface: `tx()` (a transaction) and `close()`."""
+    """The interface: `tx()` (a transaction), `one()` (a single statement that is its
+    own transaction: one round trip, for the hottest write) and `close()`."""
 
     engine = "?"
 
     def tx(self) -> Iterator[Cursor]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def one(self, sql: str, params: tuple = ()) -> list:  # pragma: no cover - interface
         raise NotImplementedError
 
     def close(self) -> None:  # pragma: no cover - interface
@@ -137,34 +147,68 @@ class SQLiteDatabase(Database):
                 raise
             cur.execute("COMMIT")
 
+    def one(self, sql: str, params: tuple = ()) -> list:
+        with self.lock:  # autocommit: the statement is its own transaction
+            return self.conn.execute(sql, params).fetchall()
+
     def close(self) -> None:
         self.conn.close()
 
 
 class PostgresDatabase(Database):
-    """One connection, one transaction at a time per process (as SQLite). A pool of 8
-    connections was tried and measured no better on this 2-core machine (p99 at 1000
-    simulated nodes 5.1-5.3 s with the pool, 1.5-7.2 s with one connection; about
-    5 ms of orchestrator CPU per request either way): the cores, not the
-    connection, are the limit here."""
+    """A pool of up to `connections`, opened as concurrent requests need them: the
+    transactions of concurrent requests run side by side in PostgreSQL, so their
+    round trips and commits overlap."""
 
     engine = "postgres"
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, connections: int = 8):
+        import queue
+
         import psycopg
 
-        self.conn = psycopg.connect(url, autocommit=True)  # transactions are explicit
-        self.lock = threading.Lock()
+        self._connect = lambda: psycopg.connect(url, autocommit=True)  # explicit transactions
+        self.idle: queue.LifoQueue = queue.LifoQueue()
+        self.conns = [self._connect()]  # more are opened as concurrent requests need them
+        self.idle.put(self.conns[0])
+        self.max_connections = connections
+        self.opening = threading.Lock()
         self.create_schema()
 
     @contextmanager
+    def _conn(self):
+        import queue
+
+        conn = None
+        while conn is None:
+            try:
+                conn = self.idle.get(timeout=0.0 if len(self.conns) < self.max_connections else 1.0)
+            except queue.Empty:  # none idle: open one if below the cap (dead ones were removed)
+                with self.opening:
+                    if len(self.conns) < self.max_connections:
+                        conn = self._connect()
+                        self.conns.append(conn)
+        try:
+            yield conn
+        finally:
+            if conn.broken or conn.closed:  # the server went away: open a fresh one next time
+                with self.opening:
+                    self.conns.remove(conn)
+            else:
+                self.idle.put(conn)
+
+    @contextmanager
     def tx(self) -> Iterator[Cursor]:
-        with self.lock:
-            with self.conn.transaction(), self.conn.cursor() as cur:
-                yield Cursor(cur, "format")
+        with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+            yield Cursor(cur, "format")
+
+    def one(self, sql: str, params: tuple = ()) -> list:
+        with self._conn() as conn:  # autocommit: the statement is its own transaction
+            return conn.execute(sql.replace("?", "%s"), params).fetchall()
 
     def close(self) -> None:
-        self.conn.close()
+        for c in self.conns:
+            c.close()
 
 
 def open_database(spec: str, default_path: Path) -> Database:

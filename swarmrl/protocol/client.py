@@ -40,6 +40,10 @@ class OrchestratorClient:
         self.run_id = params["run_id"]
         return params
 
+    def servers(self) -> list[str]:
+        """The SHARDCAST servers the orchestrator advertises now."""
+        return self._send("GET", "/v1/run/servers", signed=False)["servers"]
+
     def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None):
         if self.run_id is None:
             self.run_params()

@@ -123,6 +123,10 @@ class Follower:
     sent a bad shard or manifest (to the orchestrator, once it exists).
     With `every`, versions are fetched oldest first instead of skipping to
     the newest (a validator needs each version that rollouts may claim).
+    With `servers_from` (a blocking call, run on a thread every `refresh_s`),
+    the list of servers is followed as it changes: a worker asks the
+    orchestrator, which adds relays as they register and drops those reported
+    bad. A failed or empty answer keeps the current list.
     """
 
     def __init__(
@@ -142,8 +146,12 @@ class Follower:
         on_drop: Callable[[int], None] | None = None,
         on_fetched: Callable[[Fetched], None] | None = None,
         on_bad_data: Callable[[str, str], None] | None = None,
+        servers_from: Callable[[], list[str]] | None = None,
+        refresh_s: float = 30.0,
     ):
         self.server_urls = servers
+        self.servers_from = servers_from
+        self.refresh_s = refresh_s
         self.trusted_key = trusted_key
         self.local = LocalWeights(root, keep=keep, trusted_key=trusted_key)
         self.parallel = parallel
@@ -201,6 +209,25 @@ class Follower:
             if not changed and time.monotonic() - t0 < POLL_RETRY_S:
                 await asyncio.sleep(POLL_RETRY_S)  # an answer that did not wait: pace it
 
+    async def _refresh(self, session: aiohttp.ClientSession, polls: dict) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            try:
+                urls = await asyncio.to_thread(self.servers_from)
+            except Exception as e:  # recovered: the current list stays until the next try
+                log.warning("could not refresh the server list: %s", e)
+                continue
+            if not urls:
+                log.warning("the server list came back empty; keeping %d", len(polls))
+                continue
+            added, withdrawn = self.pool.update(urls)
+            for s in withdrawn:
+                polls.pop(s.url).cancel()
+            for s in added:
+                polls[s.url] = asyncio.create_task(self._poll(session, s))
+            if added or withdrawn:
+                log.info("servers: +%s -%s", [s.url for s in added], [s.url for s in withdrawn])
+
     def _announced(self) -> set[int]:
         return {v for s in self.pool.servers.values() for v in s.versions}
 
@@ -210,9 +237,13 @@ class Follower:
         self.pool = ServerPool(self.server_urls, self.on_bad_data)
         conn = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=conn, read_bufsize=CHUNK) as session:
-            polls = [
-                asyncio.create_task(self._poll(session, s)) for s in self.pool.servers.values()
-            ]
+            polls = {
+                s.url: asyncio.create_task(self._poll(session, s))
+                for s in self.pool.servers.values()
+            }
+            refresher = None
+            if self.servers_from is not None:
+                refresher = asyncio.create_task(self._refresh(session, polls))
             try:
                 while not stop.is_set():
                     self.pool.changed.clear()
@@ -248,9 +279,10 @@ class Follower:
                     waiter.cancel()
                     stopper.cancel()
             finally:
-                for t in polls:
+                tasks = [*polls.values(), *([refresher] if refresher else [])]
+                for t in tasks:
                     t.cancel()
-                await asyncio.gather(*polls, return_exceptions=True)
+                await asyncio.gather(*tasks, return_exceptions=True)
                 self.fastget.close()
 
     def _fail(self, version: int, why: str) -> None:

@@ -39,6 +39,7 @@ class ServerStats:
     bad_shards: int = 0
     bytes: int = 0
     versions: list[int] = field(default_factory=list)
+    withdrawn: bool = False  # no longer advertised by the orchestrator: not polled, not picked
 
     def score(self) -> float:
         bps = self.ema_bps if self.ema_bps is not None else UNMEASURED_BPS
@@ -54,6 +55,29 @@ class ServerPool:
         self.servers = {u.rstrip("/"): ServerStats(u.rstrip("/")) for u in urls}
         self.changed = asyncio.Event()
         self.on_bad_data = on_bad_data
+
+    def update(self, urls: list[str]) -> tuple[list[ServerStats], list[ServerStats]]:
+        """Follow a new list of servers: (servers to start polling, servers withdrawn).
+        A withdrawn server keeps its record (a shard in flight may still name it)
+        but announces nothing, so it is never picked; listed again, it comes back."""
+        want = {u.rstrip("/") for u in urls}
+        added, withdrawn = [], []
+        for u in sorted(want):
+            s = self.servers.get(u)
+            if s is None:
+                s = self.servers[u] = ServerStats(u)
+            elif not s.withdrawn:
+                continue
+            s.withdrawn = False
+            added.append(s)
+        for u, s in self.servers.items():
+            if u not in want and not s.withdrawn:
+                s.withdrawn = True
+                s.versions = []
+                withdrawn.append(s)
+        if added or withdrawn:
+            self.changed.set()
+        return added, withdrawn
 
     def pick(self, version: int, exclude: set[str]) -> ServerStats | None:
         now = time.monotonic()

@@ -143,6 +143,22 @@ def follow_weights(
 
         threading.Thread(target=send, daemon=True, name="relay-report").start()
 
+    refresher = None
+    if client is not None:
+
+        def current_servers() -> list[str]:
+            """The orchestrator's advertised servers (on the follower's thread pool,
+            with a client of its own: the node's main client is not shared)."""
+            from swarmrl.protocol.client import OrchestratorClient
+
+            c = OrchestratorClient(client.url, client.key, patience_s=30.0)
+            try:
+                return c.servers()
+            finally:
+                c.close()
+
+        refresher = current_servers
+
     def record(f: Fetched) -> None:
         row = {
             "version": f.version,
@@ -166,5 +182,7 @@ def follow_weights(
         poll_wait_s=cfg.shardcast.poll_wait_s,
         on_fetched=record,
         on_bad_data=report,
+        servers_from=refresher,
+        refresh_s=cfg.shardcast.servers_refresh_s,
     )
     return ShardcastWeights(follower).start()

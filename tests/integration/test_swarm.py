@@ -78,6 +78,7 @@ def _assert_weights_came_through_the_relay(run, steps):
 QUICK_LEVELS = ("curriculum.up_reward=0.3", "curriculum.window_groups=8")
 
 
+@pytest.mark.slow  # 76 s; the orchestrator's own kill-and-restart test stays in the default run
 def test_trainer_killed_then_resumed_loses_and_repeats_nothing(tiny_model, tmp_path):
     steps = 8
     run = tmp_path / "runs" / "tiny"
@@ -145,13 +146,15 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
         rogue = OrchestratorClient(url, load_or_create_key(tmp_path / "rogue.key"), patience_s=20)
         hw = {"cpus": 1, "memory_gb": 4.0, "tokens_per_s": 1000.0}
         rogue.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": hw})
-        policy = rogue.call("POST", "/v1/nodes/heartbeat", {})["policy"]
-        a = wait_for(
-            lambda: rogue.call(
-                "POST", "/v1/nodes/heartbeat", {"policy_version": policy, "want_work": True}
-            )["assignment"],
-            120, "an assignment for the rogue node", proc,
-        )  # fmt: skip
+        held = {"policy": rogue.call("POST", "/v1/nodes/heartbeat", {})["policy"]}
+
+        def ask():  # like a worker, it follows the policy as the trainer moves on
+            body = {"policy_version": held["policy"], "want_work": True}
+            answer = rogue.call("POST", "/v1/nodes/heartbeat", body)
+            held["policy"] = answer["policy"]
+            return answer["assignment"]
+
+        a = wait_for(ask, 120, "an assignment for the rogue node", proc)
         bad = b"PAR1 this is not a parquet file"
         sha = hashlib.sha256(bad).hexdigest()
         grant = rogue.call(

@@ -17,13 +17,20 @@ AUTH = "Authorization"
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def orch(request, tmp_path):
+    made: list[Orch] = []
+
     def make(*overrides: str) -> Orch:
         if request.param == "sqlite":
-            return Orch(tmp_path, *overrides)
-        base = request.getfixturevalue("postgres_url")
-        return Orch(tmp_path, *overrides, database=new_pg_database(base, tmp_path.name.lower()))
+            made.append(Orch(tmp_path, *overrides))
+        else:
+            base = request.getfixturevalue("postgres_url")
+            db = new_pg_database(base, tmp_path.name.lower())
+            made.append(Orch(tmp_path, *overrides, database=db))
+        return made[-1]
 
-    return make
+    yield make
+    for o in made:  # PostgreSQL's connections are a limited resource
+        o.svc.db.close()
 
 
 def _verdict(o: Orch, f: dict, accepted: bool, check: str = "") -> dict:
@@ -300,3 +307,60 @@ def test_a_node_cannot_redraw_its_prompts(orch):
     o.open_step(5, 4)  # the trainer moved past the assignment's step while the node was away
     moved = o.assignment(w, 4)["assignment"]
     assert moved["step"] == 5 and moved["counter"] != first["counter"] and moved["policy_step"] == 4
+
+
+def test_concurrent_heartbeats_get_distinct_counters_and_bounded_work(orch):
+    """Requests run side by side (a thread pool; on PostgreSQL a pool of
+    connections): every assignment gets its own counter, nothing fails, and the
+    work handed out stays within the limit (plus, where transactions overlap,
+    one file per request in flight)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from swarmrl.orchestrator import work
+
+    threads = 8
+    o = orch("trainer.batch_groups=16", "worker.groups_per_file=4", "orchestrator.margin_groups=0")
+    keys = [o.worker(f"w{i}") for i in range(2 * threads)]
+    for k in keys:
+        o.register(k)
+    o.open_step(1, 0)
+    with ThreadPoolExecutor(threads) as pool:
+        answers = list(pool.map(lambda k: work.heartbeat(o.svc, public_key_hex(k), 0, True), keys))
+    counters = [a["assignment"]["counter"] for a in answers if a["assignment"]]
+    waits = [a["wait"] for a in answers if not a["assignment"]]
+    assert len(set(counters)) == len(counters) >= 4
+    assert set(waits) <= {"enough-work"} and len(counters) + len(waits) == len(keys)
+    overshoot = 0 if o.svc.db.engine == "sqlite" else threads - 1
+    assert len(counters) <= 16 // 4 + overshoot
+
+
+def test_postgres_connections_that_die_are_replaced(orch, request):
+    """A PostgreSQL restart or a killed backend: the request that held the dead
+    connection fails (a 5xx, which clients retry), the next ones get fresh
+    connections, and nothing recorded is lost."""
+    if request.node.callspec.params["orch"] != "postgres":
+        pytest.skip("a PostgreSQL connection pool")
+    import psycopg
+
+    o = orch()
+    w = o.worker("a")
+    o.register(w)
+    o.open_step(1, 0)
+    counter = o.assignment(w, 0)["assignment"]["counter"]
+    dbname = o.cfg.orchestrator.database.rsplit("/", 1)[1]
+    with psycopg.connect(o.cfg.orchestrator.database, autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            (dbname,),
+        ).fetchone()[0]
+    assert killed == len(o.svc.db.conns) >= 1
+    failures = 0
+    for _ in range(killed + 1):
+        try:
+            o.call(w, "POST", "/v1/nodes/heartbeat", {"want_work": False})
+            break
+        except psycopg.OperationalError:
+            failures += 1
+    assert 1 <= failures <= killed
+    assert o.assignment(w, 0)["assignment"]["counter"] == counter  # recorded work survived

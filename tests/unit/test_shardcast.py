@@ -302,3 +302,47 @@ def test_nonsense_version_lists_are_ignored_and_polling_goes_on(tmp_path, key):
     assert client.local.versions() == [0]
     assert next(answers, "spent") == "spent"  # the junk server was asked again after each
     assert client.pool.servers[junk].versions == []
+
+
+def test_the_server_list_is_followed_as_the_orchestrator_changes_it(tmp_path, key):
+    """A node that joined when only a dead server was advertised fetches once the
+    refreshed list names a live one; a failed refresh keeps the list; a server
+    taken off the list is no longer polled or picked."""
+    w, origin = make_origin(tmp_path, key)
+    data0 = publish(w, 0)
+    url = origin.start()
+    pub = public_key_hex(key)
+    dead = "http://127.0.0.1:9"  # the discard port: nothing listens
+    lists = iter([RuntimeError("orchestrator restarting"), [dead, url], [url]])
+    asked = []
+
+    def servers_from():
+        asked.append(time.monotonic())
+        answer = next(lists, [url])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def main():
+        stop = asyncio.Event()
+        got = []
+        client = Follower(
+            [dead], pub, tmp_path / "client", on_fetched=got.append,
+            servers_from=servers_from, refresh_s=0.2,
+        )  # fmt: skip
+        task = asyncio.create_task(client.run(stop))
+        await until(lambda: got)
+        await until(lambda: len(asked) >= 4)
+        stop.set()
+        await task
+        return client, got
+
+    try:
+        client, got = asyncio.run(main())
+    finally:
+        origin.stop()
+    assert got[0].version == 0
+    assert (client.local.path(0) / "model.safetensors").read_bytes() == data0
+    assert client.pool.servers[dead].withdrawn and client.pool.servers[dead].versions == []
+    assert not client.pool.servers[url].withdrawn
+    assert len(asked) >= 4  # the failure did not end the refreshing
