@@ -41,8 +41,8 @@ test-all: $(STAMP) postgres
 	$(BIN)/pytest -q -m ''
 
 lint: $(STAMP)
-	$(BIN)/ruff check swarmrl tests bench
-	$(BIN)/ruff format --check swarmrl tests bench
+	$(BIN)/ruff check swarmrl tests bench data examples
+	$(BIN)/ruff format --check swarmrl tests bench data examples
 
 bench: $(STAMP) $(TINY)/warm_start.json
 	$(PIP) -q -e '.[dev,bench]'
@@ -50,6 +50,7 @@ bench: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/python bench/shardcast.py
 	$(BIN)/python bench/toploc.py --peer
 	$(BIN)/python bench/orchestrator_load.py
+	$(BIN)/python bench/verifiers.py
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

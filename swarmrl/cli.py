@@ -107,9 +107,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("eval", help="greedy accuracy and mean reward on held-out problems")
     p.add_argument("--model", required=True, help="HF directory, .gguf file, or 'smollm2'")
-    p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
+    p.add_argument(
+        "--task", default=None, help="task name (default: the config's task, else reverse_text)"
+    )
     p.add_argument("--n", type=int, default=200)
-    p.add_argument("--digits", type=int, default=3, help="addition: digits per operand")
+    p.add_argument("--digits", type=int, default=None, help="addition: digits per operand")
+    p.add_argument(
+        "--target-length",
+        type=int,
+        default=0,
+        help="thinking budget T in tokens: prompts carry the budget instruction and the "
+        "report says how closely lengths follow it (max new tokens default 2T)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
@@ -118,6 +127,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--config", help="take the task settings (lengths) from this run config")
     p.add_argument("overrides", nargs="*", help="dotted overrides of that config")
+    p = sub.add_parser(
+        "filter", help="keep the tasks of a file whose solve rate by a model is in a range"
+    )
+    p.add_argument("--model", required=True, help="HF directory, .gguf file, or 'smollm2'")
+    p.add_argument("--data", required=True, help="task file: .jsonl, .parquet or datasets dir")
+    p.add_argument("--out", required=True, help="JSONL of kept tasks (resumed if it exists)")
+    p.add_argument("--samples", type=int, default=8, help="completions sampled per task")
+    p.add_argument("--max-solve-rate", type=float, default=0.75)
+    p.add_argument("--min-solve-rate", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
     sub.add_parser("config-docs", help="print the configuration reference (docs/config.md)")
     sub.add_parser("openapi", help="print the orchestrator's OpenAPI document (docs/openapi.json)")
     return ap
@@ -168,23 +191,54 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             from swarmrl.evaluate import evaluate
 
-            max_new = args.max_new_tokens or (16 if args.task == "reverse_text" else 24)
-            task = load_config(args.config, args.overrides).task
-            task = task.model_copy(update={"name": args.task, "digits": args.digits})
+            run_cfg = load_config(args.config, args.overrides)
+            task = run_cfg.task
+            if args.task:
+                task = task.model_copy(update={"name": args.task})
+            if args.digits:
+                task = task.model_copy(update={"digits": args.digits})
+            task = type(task).model_validate(task.model_dump())  # re-checked after the changes
+            if args.target_length < 0:
+                print("error: --target-length must be positive", file=sys.stderr)
+                return 2
+            default_new = 16 if task.name == "reverse_text" else 24
+            max_new = args.max_new_tokens or max(default_new, 2 * args.target_length)
+            lr = run_cfg.length_reward
             res = evaluate(
-                args.model,
-                task,
-                args.n,
-                max_new,
-                threads=args.threads,
-                level=args.level,
-            )
+                args.model, task, args.n, max_new, threads=args.threads, level=args.level,
+                target_length=args.target_length,
+                length_mode=lr.mode if lr.mode != "none" else "exact", length_coef=lr.coef,
+            )  # fmt: skip
             if args.json:
                 print(json.dumps(res))
             else:
                 print(
                     f"{res['model']} on {res['task']} (n={res['n']}): accuracy {res['accuracy']:.3f}, mean reward {res['mean_reward']:.3f} ({res['seconds']:.1f}s)"
                 )
+                if "budget" in res:
+                    b = res["budget"]
+                    print(
+                        f"budget {b['target']} tokens: mean {b['mean_tokens']:.1f}, median "
+                        f"{b['median_tokens']}, mean |error| {b['mean_abs_error']:.1f} "
+                        f"({100 * b['mean_rel_error']:.0f}%), within 10% {b['within_10pct']:.2f}, "
+                        f"within 25% {b['within_25pct']:.2f}, over {b['over_budget']:.2f}, "
+                        f"mean {b['mode']} penalty {b['mean_penalty']:.3f}"
+                    )
+            return 0
+        if args.command == "filter":
+            from swarmrl.filter import FilterError, run_filter
+
+            try:
+                res = run_filter(
+                    args.model, Path(args.data), Path(args.out), args.samples,
+                    args.max_solve_rate, args.min_solve_rate, args.max_new_tokens,
+                    args.temperature, args.top_p, args.seed, args.threads,
+                    show_progress=sys.stderr.isatty(),
+                )  # fmt: skip
+            except FilterError as e:
+                print(f"swarmrl filter: {e}", file=sys.stderr)
+                return 2
+            print(json.dumps(res))
             return 0
         if args.command == "openapi":
             from swarmrl.orchestrator.app import openapi_spec

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -41,8 +41,10 @@ class ModelConfig(_Section):
 class TaskConfig(_Section):
     """Which task the run trains on and how its problems are generated."""
 
-    name: Literal["reverse_text", "addition"] = Field(
-        "reverse_text", description="Task type; selects the generator and the verifier."
+    name: Literal["reverse_text", "addition", "reasoning_gym", "verifiers"] = Field(
+        "reverse_text",
+        description="Built-in generator (reverse_text, addition), reasoning-gym families "
+        "(`gym`), or a verifiers taskset (`env`).",
     )
     dataset: str | None = Field(
         None,
@@ -52,11 +54,39 @@ class TaskConfig(_Section):
     min_len: int = Field(3, ge=1, le=64, description="reverse_text: shortest text.")
     max_len: int = Field(6, ge=1, le=64, description="reverse_text: longest text.")
     digits: int = Field(3, ge=1, le=12, description="addition: digits per operand.")
+    instruction: str = Field(
+        "",
+        max_length=2000,
+        description="Text added on a new line after every problem's prompt, e.g. "
+        "'Answer with the number only.' (a format the model can follow).",
+    )
+    gym: list[str] = Field(
+        default_factory=list,
+        description="reasoning_gym: task families, e.g. ['basic_arithmetic', 'chain_sum'] "
+        "(problem i comes from family i mod n).",
+    )
+    gym_options: dict[str, dict] = Field(
+        default_factory=dict,
+        description="reasoning_gym: per-family options for create_dataset, by family name.",
+    )
+    gym_size: int = Field(
+        10_000, ge=1, le=10_000_000, description="reasoning_gym: problems per family and split."
+    )
+    env: str | None = Field(
+        None, description="verifiers: the installed taskset's id (e.g. 'my-env' or 'owner/my-env')."
+    )
+    env_args: dict = Field(
+        default_factory=dict, description="verifiers: fields of the taskset's config."
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> TaskConfig:
         if self.min_len > self.max_len:
             raise ValueError(f"task.min_len ({self.min_len}) > task.max_len ({self.max_len})")
+        if self.name == "reasoning_gym" and not self.gym:
+            raise ValueError("task.name = 'reasoning_gym' needs task.gym (a list of families)")
+        if self.name == "verifiers" and not self.env:
+            raise ValueError("task.name = 'verifiers' needs task.env (the taskset id)")
         return self
 
 
@@ -66,12 +96,35 @@ class LengthRewardConfig(_Section):
     mode: Literal["none", "exact", "max", "clip"] = Field(
         "none", description="How the completion length is rewarded against its target."
     )
-    targets: list[int] = Field(
+    targets: list[Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
         default_factory=lambda: [1000, 2000, 3000, 4000, 5000],
-        description="Target lengths (tokens) drawn per prompt when mode is not 'none'.",
+        min_length=1,
+        description="Target lengths (tokens) drawn per prompt when mode is not 'none'; a "
+        "node is given those within its length budget (else the smallest).",
     )
     coef: float = Field(
         0.0003, ge=0.0, le=1.0, description="Penalty per token of distance to the target."
+    )
+
+
+class CodeConfig(_Section):
+    """How `code` tasks run model-written programs (tasks/sandbox.py)."""
+
+    isolation: Literal["auto", "namespace", "process"] = Field(
+        "auto",
+        description="namespace: network, mount and PID namespaces (required); process: "
+        "rlimits and a process group only; auto: namespace where unshare works.",
+    )
+    reward: Literal["fraction", "all"] = Field(
+        "fraction", description="Reward: fraction of tests passed, or 1 only if all pass."
+    )
+    time_limit_s: float = Field(
+        4.0, gt=0.0, le=60.0, description="CPU seconds per test (a task may ask for less)."
+    )
+    memory_mb: int = Field(512, ge=64, le=65536, description="Address space per test (MiB).")
+    max_tests: int = Field(32, ge=1, le=1000, description="Tests run per completion, at most.")
+    parallel: int = Field(
+        2, ge=1, le=256, description="Sandboxed programs run at once by one grading process."
     )
 
 
@@ -112,6 +165,13 @@ class TrainerConfig(_Section):
     """The GRPO trainer."""
 
     steps: int = Field(40, ge=1, le=10_000_000, description="Training steps in the run.")
+    max_minutes: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e6,
+        description="End the run after the step that reaches this many minutes since the "
+        "trainer started (0: no limit; `steps` still caps it).",
+    )
     batch_groups: int = Field(
         16, ge=1, le=100_000, description="Prompt groups with nonzero advantage per step."
     )
@@ -259,6 +319,10 @@ class ShardcastConfig(_Section):
     poll_wait_s: float = Field(
         30.0, gt=0.0, le=60.0, description="Long-poll duration when asking for new versions."
     )
+    servers_refresh_s: float = Field(
+        30.0, gt=0.0, le=3600.0,
+        description="How often a node asks the orchestrator for the servers it advertises.",
+    )  # fmt: skip
     max_upload_mbps: float = Field(
         0.0, ge=0.0, description="Upload cap of the origin and relays in MB/s (0: none)."
     )
@@ -453,6 +517,7 @@ class RunConfig(_Section):
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model.")
     task: TaskConfig = Field(default_factory=TaskConfig, description="Task.")
+    code: CodeConfig = Field(default_factory=CodeConfig, description="Code tasks.")
     length_reward: LengthRewardConfig = Field(
         default_factory=LengthRewardConfig, description="Length reward."
     )

@@ -46,6 +46,7 @@ from swarmrl.shardcast.source import follow_weights
 from swarmrl.tasks.curriculum import SamplerState
 from swarmrl.tasks.dataset import TaskSource
 from swarmrl.tasks.length import length_penalty
+from swarmrl.tasks.verifiers import configure as configure_verifiers
 from swarmrl.tasks.verifiers import verify
 
 log = logging.getLogger("swarmrl.worker")
@@ -228,6 +229,7 @@ def run_worker(url: str, home: Path, cheat: str | None = None, threads: int = 1)
     client = OrchestratorClient(url, key)
     params = client.run_params()
     cfg = _node_config(params, home, client)
+    configure_verifiers(cfg)
     if cfg.shardcast.enabled:
         weights = follow_weights(
             cfg, home / "weights", params["servers"], params["trainer_key"], node[:12],

@@ -8,6 +8,11 @@ missing character. `addition` is exact: the last integer in the completion must 
 the sum. Taking the last integer lets chat models that answer "The answer is
 579." be scored too; a completion listing many numbers is still scored on its
 last one only, which is the documented rule, not a loophole worth more than 0.
+`reasoning_gym` and `verifiers` use the scorer of the task family or
+environment they come from (tasks/gym.py, tasks/environments.py). `math` extracts the final answer (the last \\boxed{}, else a pattern) and
+compares it symbolically with math-verify in a time-bounded process
+(tasks/mathcheck.py). `code` runs the completion's program against the task's
+tests in a sandbox (tasks/codecheck.py, tasks/sandbox.py).
 """
 
 from __future__ import annotations
@@ -49,10 +54,74 @@ def score_addition(task: Task, completion: str) -> float:
     return 1.0 if found[-1].replace(",", "") == str(task.verification_info["answer"]) else 0.0
 
 
+def score_math_task(task: Task, completion: str) -> float:
+    """`math`: verification_info {"answer": ground truth, "pattern": optional regex
+    for the answer when the completion has no \\boxed{}} (tasks/mathcheck.py)."""
+    from swarmrl.tasks.mathcheck import score_math
+
+    info = task.verification_info
+    return score_math(completion, str(info["answer"]), info.get("pattern"))
+
+
+def score_code_task(task: Task, completion: str) -> float:
+    """`code`: verification_info {"tests": [...]} (tasks/codecheck.py)."""
+    from swarmrl.tasks.codecheck import score_code
+
+    return score_code(completion, task.verification_info)
+
+
+def score_gym_task(task: Task, completion: str) -> float:
+    """`reasoning_gym`: the family's own scorer (tasks/gym.py)."""
+    from swarmrl.tasks.gym import score_gym
+
+    return score_gym(task.verification_info, completion)
+
+
+def score_env_task(task: Task, completion: str) -> float:
+    """`verifiers`: the taskset's own rewards (tasks/environments.py)."""
+    from swarmrl.tasks.environments import score_env
+
+    return score_env(task.verification_info, completion)
+
+
 VERIFIERS: dict[str, Verifier] = {
     "reverse_text": score_reverse_text,
     "addition": score_addition,
+    "math": score_math_task,
+    "code": score_code_task,
+    "reasoning_gym": score_gym_task,
+    "verifiers": score_env_task,
 }
+
+
+def info_error(task: Task) -> str | None:
+    """Why the task's verification_info cannot be graded by its verifier, or None;
+    the message names the field (task files are checked with this on load)."""
+    info = task.verification_info
+    if task.task_type in ("reverse_text", "addition", "math") and "answer" not in info:
+        return "field 'verification_info.answer' is missing"
+    if task.task_type == "reasoning_gym":
+        missing = {"family", "seed", "size", "item", "options"} - set(info)
+        if missing:
+            return f"verification_info: missing {sorted(missing)}"
+    if task.task_type == "verifiers":
+        missing = {"env", "args", "row"} - set(info)
+        if missing:
+            return f"verification_info: missing {sorted(missing)}"
+    if task.task_type == "code":
+        from swarmrl.tasks.codecheck import validate_tests
+
+        why = validate_tests(info)
+        return None if why is None else f"verification_info: {why}"
+    return None
+
+
+def configure(cfg) -> None:
+    """Apply the run config's verifier settings in this process (a worker and a
+    validator of one run call this with the same config, so they grade alike)."""
+    from swarmrl.tasks.codecheck import configure as configure_code
+
+    configure_code(cfg.code)
 
 
 def verify(task: Task, completion: str) -> float:

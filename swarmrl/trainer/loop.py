@@ -228,6 +228,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
     t_start = time.time() - elapsed0
 
     min_signal = cfg.curriculum.min_signal
+    last = cfg.trainer.steps
     for step in range(start, cfg.trainer.steps + 1):
         _open_step(client, curriculum, step)
         level = curriculum.issued[step]
@@ -328,13 +329,18 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             batch.wait_s,
             train_s,
         )
+        last = step
+        if cfg.trainer.max_minutes and row["elapsed_s"] >= 60 * cfg.trainer.max_minutes:
+            log.info("step %d: %.1f minutes of training reached; the run ends here",
+                     step, row["elapsed_s"] / 60)  # fmt: skip
+            break
 
     publisher.flush()
     final = paths["run"] / "final"
     if final.exists():
         shutil.rmtree(final)
     shutil.copytree(weights.path(weights.newest()), final)
-    _open_step(client, curriculum, cfg.trainer.steps + 1, done=True)
+    _open_step(client, curriculum, last + 1, done=True)
     from swarmrl.report import write_report
 
     write_report(paths["metrics"], paths["run"] / "report.png")

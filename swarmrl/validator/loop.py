@@ -32,6 +32,7 @@ from swarmrl.protocol.identity import load_or_create_key
 from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.curriculum import SamplerState
 from swarmrl.tasks.dataset import TaskSource
+from swarmrl.tasks.verifiers import configure as configure_verifiers
 from swarmrl.toploc.proof import Thresholds
 from swarmrl.validator.checks import Context, Reject, check_with_model, check_without_model, sha256
 from swarmrl.validator.record import Verdict
@@ -175,6 +176,7 @@ def run_validator(cfg: RunConfig, index: int) -> None:
     import torch
 
     torch.set_num_threads(cfg.validator.threads)
+    configure_verifiers(cfg)
     paths = cfg.run_paths()
     key = load_or_create_key(paths["keys"] / f"validator-{index}.key")
     client = OrchestratorClient(cfg.orchestrator.url, key)

@@ -46,3 +46,18 @@ def test_existing_run_needs_resume_or_fresh(tmp_path, random_model_dir):
     assert res.returncode == 2
     assert "already exists: pass --resume" in res.stderr
     assert (run / "metrics.jsonl").exists()  # nothing deleted
+
+
+def test_eval_reports_how_the_model_follows_a_budget(random_model_dir):
+    import json
+
+    res = _run("eval", "--model", str(random_model_dir), "--n", "6", "--threads", "1",
+               "--target-length", "20", "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    b = out["budget"]
+    assert b["target"] == 20 and 0 <= b["within_25pct"] <= 1
+    lengths = [s["tokens"] for s in out["samples"]]  # the first five
+    assert all(0 <= k <= 40 for k in lengths)  # max new tokens: 2T
+    assert out["samples"][0]["prompt"].endswith("Think for 20 tokens before giving a response.")
+    assert b["hit_limit"] >= sum(k >= 40 for k in lengths) / 6

@@ -29,6 +29,7 @@ def _judge(judge, key, data):
     return v
 
 
+@pytest.mark.slow  # 26 s; honest files are accepted in every other validator test as well
 def test_honest_files_are_accepted_under_varied_batches_threads_and_padding(
     random_model_dir, tmp_path
 ):
