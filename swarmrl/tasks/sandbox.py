@@ -30,7 +30,10 @@ What it covers
   read root's files, or signal the processes that started it, and the process
   limit counts against that user. When the caller is not root, an
   unprivileged user namespace provides the namespaces; the program then runs
-  with the caller's own file permissions outside the tmpfs mounts.
+  with the caller's own file permissions outside the tmpfs mounts. The
+  interpreter is the real one behind the virtual environment (programs run
+  with -I -S); if it or its standard library lies under one of the replaced
+  directories, namespace isolation is unavailable and "auto" falls back.
 
 What it does not cover
 - **Process isolation fallback** (`isolation = "process"`, or "auto" where
@@ -64,6 +67,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -72,6 +76,7 @@ from dataclasses import dataclass
 log = logging.getLogger("swarmrl.tasks.sandbox")
 
 NOBODY = 65534
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # a fresh tmpfs on each in namespace mode
 MAX_CODE_BYTES = 64 * 1024  # a longer program is not run (scores 0)
 
 # Runs inside the namespaces, as root of them: private tmpfs mounts, the program's
@@ -79,7 +84,7 @@ MAX_CODE_BYTES = 64 * 1024  # a longer program is not run (scores 0)
 _SETUP = r"""
 set -e
 exec 3<"$1/main.py"
-for d in /tmp /var/tmp /dev/shm; do
+for d in @PRIVATE_DIRS@; do
   [ -d "$d" ] && mount -t tmpfs -o "size=${3}k,mode=1777,nosuid,nodev" tmpfs "$d"
 done
 mkdir /tmp/run && cat <&3 >/tmp/run/main.py && exec 3<&-
@@ -92,6 +97,7 @@ if [ "$(id -u)" = 0 ] && [ "$SANDBOX_DROP" = 1 ]; then
 fi
 exec "$@"
 """
+_SETUP = _SETUP.replace("@PRIVATE_DIRS@", " ".join(PRIVATE_DIRS))
 
 # The interpreter's first statements: refuse sockets from Python code (the only
 # network barrier in process isolation; harmless in a network namespace).
@@ -150,6 +156,9 @@ def namespaces_available() -> str | None:
         return "the unshare command (util-linux) is not installed"
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return "the setpriv command (util-linux) is not installed"
+    hidden = _hidden_by_tmpfs()
+    if hidden:
+        return hidden
     try:
         r = subprocess.run([*_unshare_prefix(), "true"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -219,7 +228,22 @@ def _limit_launch(limits: Limits) -> tuple[list[str], object]:
 
 
 def python_for_sandbox() -> str:
-    return sys.executable
+    """The interpreter itself, a virtual environment's link resolved: programs run
+    with -I -S and want none of the environment's packages, and an environment
+    inside /tmp (a checkout there) would be hidden by the sandbox's private /tmp."""
+    return os.path.realpath(sys.executable)
+
+
+def _hidden_by_tmpfs() -> str | None:
+    """Why the interpreter would not be reachable under the private tmpfs mounts."""
+    for what, path in (
+        ("interpreter", python_for_sandbox()),
+        ("standard library", os.path.realpath(sysconfig.get_paths()["stdlib"])),
+    ):
+        for d in PRIVATE_DIRS:
+            if path == d or path.startswith(d + "/"):
+                return f"the Python {what} ({path}) lies under {d}, which the sandbox replaces"
+    return None
 
 
 def run_python(
