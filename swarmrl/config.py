@@ -176,6 +176,11 @@ class TrainerConfig(_Section):
         16, ge=1, le=100_000, description="Prompt groups with nonzero advantage per step."
     )
     micro_batch: int = Field(64, ge=1, le=100_000, description="Samples per forward pass.")
+    share_prompts: bool = Field(
+        True,
+        description="Run each distinct prompt of a micro-batch once, its samples' completions "
+        "on its cached keys and values (same log-probs and gradients, fewer tokens).",
+    )
     lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")

@@ -9,7 +9,10 @@
    the constant token budget (per mini-batch: budget / optimizer_steps).
 3. Gradients are clipped by global norm.
 Sequences are right-padded; the logits at positions len(prompt)−1 …
-len(prompt)+len(completion)−2 score the completion tokens.
+len(prompt)+len(completion)−2 score the completion tokens. With
+`trainer.share_prompts` (the default), the samples of a micro-batch that share
+a prompt (a GRPO group) run it once and their completions on its cached keys
+and values (`_shared_prompt_logits`).
 """
 
 from __future__ import annotations
@@ -54,15 +57,64 @@ def _pack(samples: list[Sample], pad_id: int):
     return ids, attn, gather, targets, mask
 
 
-def token_logprobs(model, samples: list[Sample], pad_id: int, with_entropy: bool = False):
-    ids, attn, gather, targets, mask = _pack(samples, pad_id)
-    logits = model(input_ids=ids, attention_mask=attn).logits
-    idx = gather[:, :, None].expand(-1, -1, logits.shape[-1])
-    picked = torch.gather(logits, 1, idx).float()  # [B, T, V] at completion positions
-    logp_all = torch.log_softmax(picked, dim=-1)
+def token_logprobs(
+    model, samples: list[Sample], pad_id: int, with_entropy: bool = False, share: bool = True
+):
+    """Log-probs [B, T] of each sample's completion tokens (and their entropies), with
+    the mask of real tokens. With `share`, each distinct prompt runs once (below)."""
+    if share and len({tuple(s.prompt_tokens) for s in samples}) < len(samples):
+        picked = _shared_prompt_logits(model, samples, pad_id)
+    else:
+        ids, attn, gather, _, _ = _pack(samples, pad_id)
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        idx = gather[:, :, None].expand(-1, -1, logits.shape[-1])
+        picked = torch.gather(logits, 1, idx)  # [B, T, V] at completion positions
+    _, _, _, targets, mask = _pack(samples, pad_id)
+    logp_all = torch.log_softmax(picked.float(), dim=-1)
     logp = logp_all.gather(-1, targets[:, :, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
     return logp, entropy, mask
+
+
+def _shared_prompt_logits(model, samples: list[Sample], pad_id: int) -> torch.Tensor:
+    """The logits [B, T, V] that score each completion token, computed with each
+    distinct prompt run once: the prompts (right-padded) fill a key/value cache, each
+    sample takes its prompt's row of it, and the completions run on top with their
+    own positions, the prompt padding masked out. Gradients flow back through the
+    shared cache, so they match the packed computation to float error, for
+    (prompt + group_size x completion) tokens per group instead of
+    group_size x (prompt + completion)."""
+    from transformers import DynamicCache
+
+    prompts: dict[tuple, int] = {}
+    row = [prompts.setdefault(tuple(s.prompt_tokens), len(prompts)) for s in samples]
+    plen = [len(p) for p in prompts]
+    width = max(plen)
+    p_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    p_attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        p_ids[i, : len(p)] = torch.tensor(p)
+        p_attn[i, : len(p)] = 1
+    cache = DynamicCache()
+    p_logits = model(input_ids=p_ids, attention_mask=p_attn, past_key_values=cache).logits
+    which = torch.tensor(row)
+    cache.batch_select_indices(which)  # one row of keys/values per sample (differentiable)
+
+    comp_width = max(len(s.completion_tokens) for s in samples)
+    c_ids = torch.full((len(samples), comp_width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(samples), width + comp_width), dtype=torch.long)
+    pos = torch.zeros((len(samples), comp_width), dtype=torch.long)
+    for i, s in enumerate(samples):
+        n, p = len(s.completion_tokens), plen[row[i]]
+        c_ids[i, :n] = torch.tensor(s.completion_tokens)
+        attn[i, :p] = 1
+        attn[i, width : width + comp_width] = 1  # padding after the completion predicts nothing
+        pos[i] = torch.arange(p, p + comp_width)
+    c_logits = model(
+        input_ids=c_ids, attention_mask=attn, position_ids=pos, past_key_values=cache
+    ).logits
+    last = p_logits[which, torch.tensor([plen[r] - 1 for r in row])]  # scores token 0
+    return torch.cat([last[:, None], c_logits[:, :-1]], dim=1)
 
 
 def _chunks(items: list, size: int) -> list[list]:
@@ -82,12 +134,18 @@ def grpo_update(
     model.eval()  # no dropout in these models; eval keeps old/new log-probs comparable
     with torch.no_grad():
         old = (
-            [token_logprobs(model, mb, pad_id)[0] for mb in _chunks(samples, micro)]
+            [
+                token_logprobs(model, mb, pad_id, share=cfg.share_prompts)[0]
+                for mb in _chunks(samples, micro)
+            ]
             if min(cfg.optimizer_steps, len(samples)) > 1
             else None  # one optimizer step: the gradient pass's own detached log-probs
         )
         ref = (
-            [token_logprobs(ref_model, mb, pad_id)[0] for mb in _chunks(samples, micro)]
+            [
+                token_logprobs(ref_model, mb, pad_id, share=cfg.share_prompts)[0]
+                for mb in _chunks(samples, micro)
+            ]
             if ref_model is not None
             else None
         )
@@ -104,7 +162,9 @@ def grpo_update(
             mb = [samples[i] for i in idx]
             # old/ref log-probs were computed per micro-batch of the full order; slice them out
             ref_mb = _select(ref, idx, micro) if ref is not None else None
-            logp, entropy, mask = token_logprobs(model, mb, pad_id, with_entropy=True)
+            logp, entropy, mask = token_logprobs(
+                model, mb, pad_id, with_entropy=True, share=cfg.share_prompts
+            )
             old_mb = logp.detach() if old is None else _select(old, idx, micro)
             adv = torch.tensor([s.advantage for s in mb], dtype=logp.dtype)[:, None]
             out = grpo_loss(
