@@ -51,6 +51,7 @@ bench: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/python bench/toploc.py --peer
 	$(BIN)/python bench/orchestrator_load.py
 	$(BIN)/python bench/verifiers.py
+	$(BIN)/python bench/trainer_step.py
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

@@ -120,6 +120,8 @@ class Progress:
         done_here = last["step"] - self.first_step + 1
         per_step = (time.time() - self.t0) / max(done_here, 1)
         eta = per_step * (self.cfg.trainer.steps - last["step"])
+        if self.cfg.trainer.max_minutes:  # the run also ends at this much training time
+            eta = min(eta, max(0.0, 60 * self.cfg.trainer.max_minutes - last["elapsed_s"]))
         samples_s = sum(r["samples"] for r in rows) / max(last["elapsed_s"], 1e-9)
         lag = weights_lag(self.run)
         lag_s = f" | weights lag {lag:.2f}s" if lag is not None else ""
