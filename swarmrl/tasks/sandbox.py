@@ -31,9 +31,11 @@ What it covers
   limit counts against that user. When the caller is not root, an
   unprivileged user namespace provides the namespaces; the program then runs
   with the caller's own file permissions outside the tmpfs mounts. The
-  interpreter is the real one behind the virtual environment (programs run
-  with -I -S); if it or its standard library lies under one of the replaced
-  directories, namespace isolation is unavailable and "auto" falls back.
+  interpreter is the base installation's (`sys._base_executable`, for
+  symlinked and copied virtual environments alike; programs run with -I -S);
+  if it, its standard library or its installation prefix lies under one of
+  the replaced directories, namespace isolation is unavailable and "auto"
+  falls back.
 
 What it does not cover
 - **Process isolation fallback** (`isolation = "process"`, or "auto" where
@@ -231,7 +233,7 @@ def python_for_sandbox() -> str:
     """The interpreter itself, a virtual environment's link resolved: programs run
     with -I -S and want none of the environment's packages, and an environment
     inside /tmp (a checkout there) would be hidden by the sandbox's private /tmp."""
-    return os.path.realpath(sys.executable)
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
 def _hidden_by_tmpfs() -> str | None:
@@ -239,6 +241,8 @@ def _hidden_by_tmpfs() -> str | None:
     for what, path in (
         ("interpreter", python_for_sandbox()),
         ("standard library", os.path.realpath(sysconfig.get_paths()["stdlib"])),
+        ("installation", os.path.realpath(sys.base_prefix)),
+        ("installation", os.path.realpath(sys.base_exec_prefix)),
     ):
         for d in PRIVATE_DIRS:
             if path == d or path.startswith(d + "/"):

@@ -62,7 +62,8 @@ def token_logprobs(
 ):
     """Log-probs [B, T] of each sample's completion tokens (and their entropies), with
     the mask of real tokens. With `share`, each distinct prompt runs once (below)."""
-    if share and len({tuple(s.prompt_tokens) for s in samples}) < len(samples):
+    shared = len({tuple(s.prompt_tokens) for s in samples}) < len(samples)
+    if share and shared and can_share_prompts(model):
         picked = _shared_prompt_logits(model, samples, pad_id)
     else:
         ids, attn, gather, _, _ = _pack(samples, pad_id)
@@ -74,6 +75,23 @@ def token_logprobs(
     logp = logp_all.gather(-1, targets[:, :, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
     return logp, entropy, mask
+
+
+def can_share_prompts(model) -> bool:
+    """Whether the shared-prompt forward computes exactly what the packed one does for
+    this model: full causal attention everywhere (a sliding window counts cache
+    indices, which differ from positions after padded prompts), rotary positions
+    that do not depend on the longest position in the pass, and no gradient
+    checkpointing (which drops the cache). Other models take the packed path."""
+    c = model.config
+    rope = getattr(c, "rope_scaling", None) or getattr(c, "rope_parameters", None) or {}
+    return (
+        getattr(c, "sliding_window", None) is None
+        and all(t == "full_attention" for t in (getattr(c, "layer_types", None) or []))
+        and "dynamic" not in str(rope.get("rope_type", rope.get("type", "")))
+        and not getattr(model, "is_activation_checkpointing", False)
+        and getattr(c, "_attn_implementation", "sdpa") in ("sdpa", "eager")
+    )
 
 
 def _shared_prompt_logits(model, samples: list[Sample], pad_id: int) -> torch.Tensor:

@@ -11,23 +11,34 @@ from swarmrl.trainer.batch import Sample
 from swarmrl.trainer.step import token_logprobs
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["tiny", "grouped-query"])
+def model(request):
+    """The project's tiny Llama, and one with grouped-query attention as SmolLM2 has."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
 
-    m = build_tiny_model(build_char_tokenizer(), hidden=64, layers=2, seed=3)
+    torch.manual_seed(3)
+    if request.param == "tiny":
+        m = build_tiny_model(build_char_tokenizer(), hidden=64, layers=2, seed=3)
+    else:
+        cfg = LlamaConfig(
+            vocab_size=80, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=True,
+        )  # fmt: skip
+        m = LlamaForCausalLM(cfg)
     m.eval()
     return m
 
 
-def _groups(sizes_and_lengths, vocab: int, seed: int = 0) -> list[Sample]:
+def _groups(sizes_and_lengths, vocab: int, seed: int = 0, longest: int = 9) -> list[Sample]:
     """Groups of samples sharing a prompt; prompts and completions of varied lengths."""
     rng = random.Random(seed)
     out = []
     for size, prompt_len in sizes_and_lengths:
         prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
         for _ in range(size):
-            comp = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 9))]
+            comp = [rng.randrange(3, vocab) for _ in range(rng.randint(1, longest))]
             out.append(Sample(prompt, comp, rng.uniform(-1, 1), 0.0, 0.0, 0.0, 0))
     return out
 
@@ -42,12 +53,12 @@ def _grads(model, samples, share):
 
 
 @pytest.mark.parametrize(
-    "groups",
-    [[(8, 12)], [(4, 5), (4, 17)], [(3, 9), (1, 4), (5, 9)]],
-    ids=["one group", "two prompts of different lengths", "a lone sample among groups"],
+    "groups, longest",
+    [([(8, 12)], 9), ([(4, 5), (4, 17)], 9), ([(3, 9), (1, 4), (5, 9)], 9), ([(4, 7)], 1)],
+    ids=["one group", "two prompt lengths", "a lone sample among groups", "one-token answers"],
 )
-def test_shared_prompts_match_the_packed_forward_in_log_probs_and_gradients(model, groups):
-    samples = _groups(groups, model.config.vocab_size)
+def test_shared_prompts_match_the_packed_forward_in_log_probs_and_gradients(model, groups, longest):
+    samples = _groups(groups, model.config.vocab_size, longest=longest)
     lp_a, ent_a, mask_a, g_a = _grads(model, samples, share=False)
     lp_b, ent_b, mask_b, g_b = _grads(model, samples, share=True)
     assert torch.equal(mask_a, mask_b)
@@ -65,3 +76,37 @@ def test_a_wrong_prompt_position_would_be_seen(model):
     lp_a = token_logprobs(model, samples, 0, share=True)[0]
     lp_b = token_logprobs(model, other, 0, share=True)[0]
     assert not torch.allclose(lp_a, lp_b, atol=1e-3)
+
+
+def test_a_grpo_update_is_the_same_with_shared_prompts(model):
+    """Whole updates, micro-batches splitting groups, from the same weights."""
+    import copy
+
+    from swarmrl.config import TrainerConfig
+    from swarmrl.trainer.step import grpo_update
+
+    samples = _groups([(4, 6), (4, 11), (4, 8)], model.config.vocab_size, seed=5)
+    out = {}
+    for share in (False, True):
+        m = copy.deepcopy(model)
+        cfg = TrainerConfig(micro_batch=5, optimizer_steps=2, share_prompts=share)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)  # Adam would magnify float noise in ~0 grads
+        stats = grpo_update(m, None, opt, samples, cfg, 200.0, 0)
+        out[share] = (stats, torch.cat([p.detach().flatten() for p in m.parameters()]))
+    (a, wa), (b, wb) = out[False], out[True]
+    assert a.tokens == b.tokens
+    assert a.loss == pytest.approx(b.loss, abs=1e-5)
+    assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+    assert torch.allclose(wa, wb, atol=1e-6)
+    assert not torch.allclose(wa, torch.cat([p.flatten() for p in model.parameters()]))
+
+
+def test_models_the_shared_forward_would_get_wrong_take_the_packed_path():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from swarmrl.trainer.step import can_share_prompts
+
+    small = dict(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    assert not can_share_prompts(MistralForCausalLM(MistralConfig(**small, sliding_window=8)))
+    assert can_share_prompts(MistralForCausalLM(MistralConfig(**small, sliding_window=None)))
