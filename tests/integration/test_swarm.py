@@ -155,6 +155,9 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
             return answer["assignment"]
 
         a = wait_for(ask, 120, "an assignment for the rogue node", proc)
+        # Paused, the swarm finishes the work already assigned and the trainer waits, so
+        # the run cannot end before the rogue file is judged, however fast it trains.
+        _control(url, run, {"paused": True})
         bad = b"PAR1 this is not a parquet file"
         sha = hashlib.sha256(bad).hexdigest()
         grant = rogue.call(
@@ -167,6 +170,7 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
         with pytest.raises(OrchestratorError) as refused:
             rogue.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": hw})
         assert refused.value.status == 403
+        _control(url, run, {"paused": False})
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -178,6 +182,16 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
     assert f"REJECTED {grant['key']}: schema" in log and "not a readable parquet" in log
     assert "exited with code -9; restarting" in out
     assert "ejected 1, slashed 100" in out
+
+
+def _control(url, run, body) -> None:
+    import httpx
+
+    token = (run / "keys" / "operator.token").read_text().strip()
+    r = httpx.post(
+        url + "/v1/admin/run", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    r.raise_for_status()
 
 
 def _state(url, client) -> str:
