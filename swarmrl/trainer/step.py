@@ -62,15 +62,14 @@ def token_logprobs(
 ):
     """Log-probs [B, T] of each sample's completion tokens (and their entropies), with
     the mask of real tokens. With `share`, each distinct prompt runs once (below)."""
+    ids, attn, gather, targets, mask = _pack(samples, pad_id)
     shared = len({tuple(s.prompt_tokens) for s in samples}) < len(samples)
     if share and shared and can_share_prompts(model):
         picked = _shared_prompt_logits(model, samples, pad_id)
     else:
-        ids, attn, gather, _, _ = _pack(samples, pad_id)
         logits = model(input_ids=ids, attention_mask=attn).logits
         idx = gather[:, :, None].expand(-1, -1, logits.shape[-1])
         picked = torch.gather(logits, 1, idx)  # [B, T, V] at completion positions
-    _, _, _, targets, mask = _pack(samples, pad_id)
     logp_all = torch.log_softmax(picked.float(), dim=-1)
     logp = logp_all.gather(-1, targets[:, :, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
