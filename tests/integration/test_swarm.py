@@ -134,8 +134,16 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(  # a margin of one file: the rogue node gets work at once
+        # async_level 6: paused, the trainer still trains the work already out (at most
+        # batch_groups + margin_groups = 24 groups, two steps), and the rogue file must not
+        # go stale (policy < step - async_level) before a validator claims it.
         swarm_cmd(
-            tmp_path, tiny_model, f"trainer.steps={steps}", "orchestrator.margin_groups=8", *at(url)
+            tmp_path,
+            tiny_model,
+            f"trainer.steps={steps}",
+            "orchestrator.margin_groups=8",
+            "async_level=6",
+            *at(url),
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -166,7 +174,7 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
         rogue.put_bytes(grant["url"], bad)
         rogue.call("POST", "/v1/submit", {"key": grant["key"], "sha256": sha})
         kill(wait_for(lambda: pid_of(run, "worker"), 10, "a worker pid"))
-        wait_for(lambda: _state(url, rogue) == "ejected", 120, "the rogue node ejected", proc)
+        wait_for(lambda: _judged(url, rogue), 120, "the rogue node ejected", proc)
         with pytest.raises(OrchestratorError) as refused:
             rogue.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": hw})
         assert refused.value.status == 403
@@ -194,14 +202,19 @@ def _control(url, run, body) -> None:
     r.raise_for_status()
 
 
-def _state(url, client) -> str:
+def _judged(url, client) -> bool:
+    """True once the node is ejected; fails at once if its file left the queue unjudged."""
     import httpx
 
     from swarmrl.protocol.identity import public_key_hex
 
     me = public_key_hex(client.key)
-    nodes = httpx.get(url + "/v1/ledger", timeout=5).json()["nodes"]
-    return next(n["state"] for n in nodes if n["key"] == me)
+    ledger = httpx.get(url + "/v1/ledger", timeout=5).json()
+    node = next(n for n in ledger["nodes"] if n["key"] == me)
+    if node["state"] == "ejected":
+        return True
+    assert node["pending"] or node["rejected"], f"the rogue file went stale unjudged: {ledger}"
+    return False
 
 
 @pytest.mark.slow  # 85 s; the curriculum's rules are unit-tested (tests/unit/test_curriculum.py)
