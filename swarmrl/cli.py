@@ -141,6 +141,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p = sub.add_parser(
+        "diloco", help="pre-train a tiny model with DiLoCo across local sites (torchft)"
+    )
+    _common(p)
+    p.add_argument("--fresh", action="store_true", help="replace an existing run of this name")
+    p = sub.add_parser("diloco-site", help="run one DiLoCo site (joins through the lighthouse)")
+    _common(p)
+    p.add_argument("--site", type=int, required=True, help="site index (picks the data shard)")
+    p.add_argument("--lighthouse", required=True, help="URL of the torchft lighthouse")
+    p.add_argument(
+        "--fail-in-sync",
+        type=int,
+        default=0,
+        help="exit half-way through the all-reduce of this outer step (fault injection, tests)",
+    )
     sub.add_parser("config-docs", help="print the configuration reference (docs/config.md)")
     sub.add_parser("openapi", help="print the orchestrator's OpenAPI document (docs/openapi.json)")
     return ap
@@ -270,6 +285,20 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return EXIT_REFUSED
             return 0
+        if args.command in ("diloco", "diloco-site"):
+            from swarmrl.config_diloco import PretrainConfig
+
+            pcfg = load_config(args.config, args.overrides, schema=PretrainConfig)
+            if args.command == "diloco":
+                from swarmrl.diloco.launch import run_diloco
+
+                return run_diloco(pcfg, args.config, args.overrides, args.fresh)
+            _setup_logging()
+            from swarmrl.diloco.site import run_site
+
+            run = Path(pcfg.runs_dir) / pcfg.name
+            run.mkdir(parents=True, exist_ok=True)
+            return run_site(pcfg, run, args.site, args.lighthouse, args.fail_in_sync)
         cfg = load_config(args.config, args.overrides)
         if args.command == "rl":
             from swarmrl.launcher import LaunchError, launch

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from swarmrl.config_base import ConfigError, _Section
+from swarmrl.config_diloco import PretrainConfig
 from swarmrl.config_orchestrator import OrchestratorConfig
 
 
@@ -470,8 +471,12 @@ def _format_error(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a RunConfig from a TOML file (or defaults) plus dotted overrides."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    schema: type[BaseModel] | None = None,
+) -> Any:
+    """Load a RunConfig (or `schema`) from a TOML file (or defaults) plus dotted overrides."""
     data: dict = {}
     if path is not None:
         p = Path(path)
@@ -485,7 +490,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         key_path, value = parse_override(item)
         _set_dotted(data, key_path, value)
     try:
-        return RunConfig.model_validate(data)
+        return (schema or RunConfig).model_validate(data)
     except ValidationError as e:
         where = f" in {path}" if path else ""
         raise ConfigError(f"bad configuration{where}: {_format_error(e)}") from None
@@ -537,4 +542,6 @@ def config_docs() -> str:
             section(sub, sub_prefix)
 
     section(RunConfig, "")
+    out.extend(["# `swarmrl diloco` (configs/diloco.toml)", ""])
+    section(PretrainConfig, "")
     return "\n".join(out)

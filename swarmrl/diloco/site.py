@@ -1,0 +1,161 @@
+"""One DiLoCo site of `swarmrl diloco`: a tiny Llama trained on its shard of the corpus.
+
+Rounds of `diloco.inner_steps` AdamW steps alternate with syncs (outer.py). A
+site is one process here (its manager's replica group has one rank); the site
+index picks the shard, so a site that dies and is started again trains on the
+same lines. Each committed sync appends a row to metrics-site<k>.jsonl: the
+outer step, who took part, the held-out loss of the new global weights (the same
+on every site, which the tests use to check the sites agree), bytes sent, and
+the seconds spent computing and synchronising.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from swarmrl.config_diloco import PretrainConfig
+from swarmrl.diloco.corpus import held_out, site_shard
+from swarmrl.diloco.outer import OuterLoop
+
+log = logging.getLogger("swarmrl.diloco")
+
+
+def lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=batch[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1)
+    )
+
+
+@torch.no_grad()
+def eval_loss(model, batches: list[torch.Tensor]) -> float:
+    model.eval()
+    total = sum(lm_loss(model, b).item() * b.size(0) for b in batches)
+    model.train()
+    return total / sum(b.size(0) for b in batches)
+
+
+def make_manager(cfg: PretrainConfig, site: int, lighthouse: str):
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    d = cfg.diloco
+
+    class Transport(HTTPTransport):
+        """torchft's recovery server, advertised at `diloco.host` (it advertises the
+        machine's host name otherwise)."""
+
+        def address(self) -> str:
+            return f"http://{d.host}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+    timeout = timedelta(seconds=d.timeout_s)
+    store = TCPStore(d.host, 0, is_master=True, wait_for_workers=False)
+    manager = Manager(
+        checkpoint_transport=Transport(timeout=timeout, num_chunks=0),
+        pg=ProcessGroupGloo(timeout=timeout),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=d.min_sites,
+        use_async_quorum=False,
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=d.quorum_timeout_s),
+        rank=0,
+        world_size=1,
+        store_addr=d.host,
+        store_port=store.port,
+        lighthouse_addr=lighthouse,
+        replica_id=f"site{site}",
+        hostname=d.host,
+    )
+    return manager, store
+
+
+class DyingGroup:
+    """Fault injection: forwards the alltoall of the pseudo-gradient all-reduce, then
+    kills this process before the allgather, so the other sites fail mid-collective."""
+
+    def __init__(self, pg):
+        self.pg = pg
+
+    def __getattr__(self, name):
+        return getattr(self.pg, name)
+
+    def allgather(self, *args):
+        log.warning("fault injection: dying in the middle of the all-reduce")
+        logging.shutdown()
+        os._exit(17)
+
+
+def run_site(
+    cfg: PretrainConfig, run: Path, site: int, lighthouse: str, fail_in_sync: int = 0
+) -> int:
+    from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
+
+    torch.set_num_threads(cfg.threads)
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden=cfg.model.hidden, layers=cfg.model.layers, seed=cfg.seed)
+    c = cfg.corpus
+    shard = site_shard(tok, c.lines, cfg.seed, site, cfg.sites, c.seq_len)
+    evals = held_out(tok, c.eval_lines, cfg.seed, c.seq_len).eval_batches(c.batch)
+    inner = torch.optim.AdamW(
+        model.parameters(), lr=cfg.inner.lr, weight_decay=cfg.inner.weight_decay
+    )
+    manager, _store = make_manager(cfg, site, lighthouse)
+    outer = OuterLoop(model, cfg.diloco, manager)
+    metrics = run / f"metrics-site{site}.jsonl"
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + site)
+    has_delta, failures, compute_s, inner_loss = False, 0, 0.0, None
+    log.info("site %d: %d parameters, shard of %d tokens, lighthouse %s", site,
+             sum(p.numel() for p in model.parameters()), shard.tokens.numel(), lighthouse)  # fmt: skip
+    try:
+        while True:
+            dying = fail_in_sync and outer.outer_steps + 1 == fail_in_sync and has_delta
+            res = outer.sync(has_delta, wrap=DyingGroup if dying else None)
+            if not res.committed:
+                failures += 1
+                log.warning(
+                    "site %d: sync not committed (%s), attempt %d", site, res.error, failures
+                )
+                if failures > cfg.diloco.max_retries:
+                    log.warning("site %d: dropping this round's inner steps", site)
+                    outer.reset_local()
+                    has_delta, failures = False, 0
+                continue
+            if res.healed:
+                log.info(
+                    "site %d: recovered from a live peer at outer step %d", site, outer.outer_steps
+                )
+            failures = 0
+            row = {
+                "site": site, "outer_step": outer.outer_steps, "sites": res.sites,
+                "contributors": res.contributors, "contributed": has_delta, "healed": res.healed,
+                "bytes_sent": res.bytes_sent, "sync_s": round(res.seconds, 4),
+                "compute_s": round(compute_s, 4), "inner_loss": inner_loss,
+                "eval_loss": eval_loss(model, evals), "time": time.time(),
+            }  # fmt: skip
+            with metrics.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            log.info("site %d: outer step %d, %d/%d sites contributed, eval loss %.4f",
+                     site, outer.outer_steps, res.contributors, res.sites, row["eval_loss"])  # fmt: skip
+            if outer.outer_steps >= cfg.outer_steps:
+                return 0
+            t0, losses = time.monotonic(), []
+            for _ in range(cfg.diloco.inner_steps):
+                loss = lm_loss(model, shard.batch(gen, c.batch))
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.inner.grad_clip)
+                inner.step()
+                inner.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+            compute_s, inner_loss = time.monotonic() - t0, sum(losses) / len(losses)
+            has_delta = True
+    finally:
+        manager.shutdown(wait=False)

@@ -1,0 +1,145 @@
+"""DiLoCo across local sites on loopback: torchft quorums, live recovery, 8-bit syncs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.conftest import free_port, wait_for
+
+FAST = ["diloco.inner_steps=20", "diloco.heartbeat_timeout_s=2", "corpus.lines=4000"]
+
+
+def _rows(run: Path, site: int) -> list[dict]:
+    path = run / f"metrics-site{site}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _site_pid(runs: Path, site: int) -> int | None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            b"diloco-site" in argv
+            and str(site).encode() == argv[argv.index(b"--site") + 1]
+            and any(str(runs).encode() in a for a in argv)
+        ):
+            return int(pid)
+    return None
+
+
+def _agree(run: Path, sites: list[int]) -> None:
+    """The global weights are bit-identical: every site scores them the same."""
+    by_step: dict[int, set[float]] = {}
+    for s in sites:
+        for r in _rows(run, s):
+            by_step.setdefault(r["outer_step"], set()).add(r["eval_loss"])
+    assert by_step and all(len(v) == 1 for v in by_step.values()), by_step
+
+
+def test_site_killed_others_go_on_and_restarted_site_recovers(tmp_path):
+    """SIGKILL one of three sites mid-run: the other two commit outer steps without it;
+    the launcher restarts it, it takes the global state from a live peer, contributes
+    again, and every site ends with the same weights; held-out loss falls."""
+    runs = tmp_path / "runs"
+    run = runs / "diloco"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarmrl", "diloco", f"runs_dir={json.dumps(str(runs))}",
+         "sites=3", "outer_steps=30", *FAST],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(_rows(run, 1)) >= 3, 180, "three outer steps at site 1", proc)
+        os.kill(wait_for(lambda: _site_pid(runs, 1), 10, "site 1's pid"), signal.SIGKILL)
+        killed_at = _rows(run, 0)[-1]["outer_step"]
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (out[-2000:], err[-2000:])
+    assert "site-1 exited with code -9" in out and "site-1: restarting" in out
+    without = [r for r in _rows(run, 0) if r["outer_step"] > killed_at and r["sites"] == 2]
+    assert without, "no outer step was committed by the two surviving sites"
+    back = [r for r in _rows(run, 1) if r["outer_step"] > killed_at]
+    assert back and back[0]["healed"] and not back[0]["contributed"], back[:2]
+    assert any(r["contributed"] and r["contributors"] == 3 for r in back[1:]), back
+    _agree(run, [0, 1, 2])
+    losses = [r["eval_loss"] for r in _rows(run, 0)]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert (run / "loss.png").exists()
+    assert "recovered from a live peer" in (run / "logs" / "site-1.log").read_text()
+
+
+def test_site_dying_inside_the_allreduce(tmp_path):
+    """A site exits between the two collectives of the 8-bit all-reduce. The survivors'
+    sync fails, nothing is committed anywhere, and the same pseudo-gradients are
+    synchronised again in a new quorum without it; the run then completes."""
+    runs = tmp_path / "runs"
+    run = runs / "diloco"
+    (run / "logs").mkdir(parents=True)
+    port = free_port()
+    lighthouse = f"http://127.0.0.1:{port}"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "swarmrl.diloco.lighthouse",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--heartbeat-timeout-s",
+                "2",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    ]
+    cfg = [f"runs_dir={json.dumps(str(runs))}", "sites=3", "outer_steps=6", *FAST]
+    logs = [open(run / "logs" / f"site-{k}.log", "w") for k in range(3)]
+    for k in range(3):
+        fail = ["--fail-in-sync", "3"] if k == 2 else []
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "swarmrl",
+                    "diloco-site",
+                    "--site",
+                    str(k),
+                    "--lighthouse",
+                    lighthouse,
+                    *fail,
+                    *cfg,
+                ],
+                stdout=logs[k],
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        )
+    try:
+        codes = [p.wait(timeout=300) for p in procs[1:]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for f in logs:
+            f.close()
+    assert codes == [0, 0, 17], codes
+    survivors = (run / "logs" / "site-0.log").read_text() + (
+        run / "logs" / "site-1.log"
+    ).read_text()
+    assert "sync not committed" in survivors
+    step3 = next(r for r in _rows(run, 0) if r["outer_step"] == 3)
+    assert step3["sites"] == 2 and step3["contributors"] == 2, step3
+    assert [r["outer_step"] for r in _rows(run, 0)][-1] == 6
+    _agree(run, [0, 1])
