@@ -146,10 +146,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     _common(p)
     p.add_argument("--fresh", action="store_true", help="replace an existing run of this name")
+    p.add_argument(
+        "--resume", action="store_true", help="each site goes on from its newest checkpoint"
+    )
     p = sub.add_parser("diloco-site", help="run one DiLoCo site (joins through the lighthouse)")
     _common(p)
     p.add_argument("--site", type=int, required=True, help="site index (picks the data shard)")
     p.add_argument("--lighthouse", required=True, help="URL of the torchft lighthouse")
+    p.add_argument("--resume", action="store_true", help="go on from this site's newest checkpoint")
     p.add_argument(
         "--fail-in-sync",
         type=int,
@@ -292,13 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "diloco":
                 from swarmrl.diloco.launch import run_diloco
 
-                return run_diloco(pcfg, args.config, args.overrides, args.fresh)
+                return run_diloco(pcfg, args.config, args.overrides, args.fresh, args.resume)
             _setup_logging()
             from swarmrl.diloco.site import run_site
 
             run = Path(pcfg.runs_dir) / pcfg.name
             run.mkdir(parents=True, exist_ok=True)
-            return run_site(pcfg, run, args.site, args.lighthouse, args.fail_in_sync)
+            return run_site(pcfg, run, args.site, args.lighthouse, args.fail_in_sync, args.resume)
         cfg = load_config(args.config, args.overrides)
         if args.command == "rl":
             from swarmrl.launcher import LaunchError, launch

@@ -96,6 +96,14 @@ class PretrainConfig(_Section):
         True,
         description="Restart a site that dies; it rejoins by live recovery from a peer.",
     )
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        le=1_000_000,
+        description="Outer steps between asynchronous checkpoints of each site (and one at "
+        "the end); 0: none.",
+    )
+    keep_checkpoints: int = Field(2, ge=1, le=1000, description="Checkpoints kept per site.")
     model: DilocoModelConfig = Field(default_factory=DilocoModelConfig, description="Model.")
     corpus: CorpusConfig = Field(default_factory=CorpusConfig, description="Data.")
     inner: InnerConfig = Field(default_factory=InnerConfig, description="Inner optimizer.")

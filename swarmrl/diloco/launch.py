@@ -75,19 +75,21 @@ def write_plot(run: Path, rows: list[dict]) -> Path | None:
     return out
 
 
-def site_argv(config_path: str | None, overrides: list[str], site: int, lighthouse: str):
+def site_argv(config_path: str | None, overrides: list[str], site: int, lighthouse: str,
+              resume: bool):  # fmt: skip
     cfg_args = (["--config", config_path] if config_path else []) + list(overrides)
     return [sys.executable, "-m", "swarmrl", "diloco-site", "--site", str(site),
-            "--lighthouse", lighthouse, *cfg_args]  # fmt: skip
+            "--lighthouse", lighthouse, *(["--resume"] if resume else []), *cfg_args]  # fmt: skip
 
 
 def run_diloco(cfg: PretrainConfig, config_path: str | None, overrides: list[str],
-               fresh: bool) -> int:  # fmt: skip
+               fresh: bool, resume: bool = False) -> int:  # fmt: skip
     run = Path(cfg.runs_dir) / cfg.name
     if run.exists() and fresh:
         shutil.rmtree(run)
-    if run.exists() and any(run.glob("metrics-site*.jsonl")):
-        print(f"swarmrl diloco: {run} holds a run; pass --fresh to replace it", file=sys.stderr)
+    if run.exists() and any(run.glob("metrics-site*.jsonl")) and not resume:
+        print(f"swarmrl diloco: {run} holds a run; pass --resume to go on or --fresh to "
+              "replace it", file=sys.stderr)  # fmt: skip
         return 2
     (run / "logs").mkdir(parents=True, exist_ok=True)
     lighthouse, server = cfg.diloco.lighthouse, None
@@ -97,7 +99,7 @@ def run_diloco(cfg: PretrainConfig, config_path: str | None, overrides: list[str
     procs = [
         Proc(
             f"site-{k}",
-            site_argv(config_path, overrides, k, lighthouse),
+            site_argv(config_path, overrides, k, lighthouse, resume),
             run / "logs" / f"site-{k}.log",
             cfg.threads,
         )  # fmt: skip

@@ -76,13 +76,18 @@ class OuterLoop:
         }
 
     def load_state_dict(self, sd: dict) -> None:
+        """State from a live peer (torchft calls this while healing this site)."""
+        self.restore(sd)
+        self._healed = True
+
+    def restore(self, sd: dict) -> None:
+        """State from a peer or a checkpoint; the model restarts from the global weights."""
         with torch.no_grad():
             for g, v in zip(self.global_params, sd["global"], strict=True):
                 g.copy_(v)
         self.outer_opt.load_state_dict(sd["outer_opt"])
         self.outer_steps = int(sd["outer_steps"])
         self.reset_local()
-        self._healed = True
 
     def reset_local(self) -> None:
         """Local weights := global weights (the start of a round of inner steps)."""

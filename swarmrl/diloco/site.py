@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from swarmrl.config_diloco import PretrainConfig
+from swarmrl.diloco.checkpoint import AsyncCheckpointer
 from swarmrl.diloco.corpus import held_out, site_shard
 from swarmrl.diloco.outer import OuterLoop
 
@@ -94,8 +95,38 @@ class DyingGroup:
         os._exit(17)
 
 
+def site_state(outer: OuterLoop, inner, gen: torch.Generator, manager) -> dict:
+    """What a site needs to go on after a restart (the model equals the global weights
+    right after a committed sync, when checkpoints are taken)."""
+    return {
+        "outer": outer.state_dict(),
+        "inner_opt": inner.state_dict(),
+        "generator": gen.get_state(),
+        "manager": manager.state_dict(),
+    }
+
+
+def resume_site(ckpt: AsyncCheckpointer, outer: OuterLoop, inner, gen, manager, site: int) -> None:
+    found = ckpt.latest()
+    if found is None:
+        log.info("site %d: no checkpoint to resume from; it recovers from a live peer", site)
+        return
+    step, path = found
+    sd = torch.load(path, weights_only=False)  # our own file, written by this site
+    outer.restore(sd["outer"])
+    inner.load_state_dict(sd["inner_opt"])
+    gen.set_state(sd["generator"])
+    manager.load_state_dict(sd["manager"])
+    log.info("site %d: resumed from %s (outer step %d)", site, path, step)
+
+
 def run_site(
-    cfg: PretrainConfig, run: Path, site: int, lighthouse: str, fail_in_sync: int = 0
+    cfg: PretrainConfig,
+    run: Path,
+    site: int,
+    lighthouse: str,
+    fail_in_sync: int = 0,
+    resume: bool = False,
 ) -> int:
     from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
 
@@ -112,6 +143,9 @@ def run_site(
     outer = OuterLoop(model, cfg.diloco, manager)
     metrics = run / f"metrics-site{site}.jsonl"
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + site)
+    ckpt = AsyncCheckpointer(run / "checkpoints" / f"site{site}", cfg.keep_checkpoints)
+    if resume:
+        resume_site(ckpt, outer, inner, gen, manager, site)
     has_delta, failures, compute_s, inner_loss = False, 0, 0.0, None
     log.info("site %d: %d parameters, shard of %d tokens, lighthouse %s", site,
              sum(p.numel() for p in model.parameters()), shard.tokens.numel(), lighthouse)  # fmt: skip
@@ -145,7 +179,12 @@ def run_site(
                 f.write(json.dumps(row) + "\n")
             log.info("site %d: outer step %d, %d/%d sites contributed, eval loss %.4f",
                      site, outer.outer_steps, res.contributors, res.sites, row["eval_loss"])  # fmt: skip
-            if outer.outer_steps >= cfg.outer_steps:
+            done = outer.outer_steps >= cfg.outer_steps
+            every = cfg.checkpoint_every
+            if every and res.contributors and (outer.outer_steps % every == 0 or done):
+                ckpt.save(outer.outer_steps, site_state(outer, inner, gen, manager))
+            if done:
+                ckpt.wait()
                 return 0
             t0, losses = time.monotonic(), []
             for _ in range(cfg.diloco.inner_steps):

@@ -109,3 +109,20 @@ def test_corpus_is_the_same_from_the_same_seed_and_config_rejects_bad_values():
         PretrainConfig.model_validate({"diloco": {"bits": 4}})
     with pytest.raises(ValueError, match="inner_steps"):
         PretrainConfig.model_validate({"diloco": {"inner_steps": 0}})
+
+
+def test_async_checkpoints_complete_files_only_and_keep(tmp_path):
+    from swarmrl.diloco.checkpoint import AsyncCheckpointer
+
+    ckpt = AsyncCheckpointer(tmp_path / "site0", keep=2)
+    (tmp_path / "site0" / "outer-99.pt.tmp").write_bytes(b"half a file")  # a copy cut short
+    for step in (2, 4, 6):
+        assert ckpt.save(step, {"w": torch.full((3,), float(step))})
+        ckpt.wait()
+    assert ckpt.error is None
+    step, path = ckpt.latest()
+    assert step == 6 and torch.load(path)["w"].tolist() == [6.0, 6.0, 6.0]
+    assert sorted(p.name for p in (tmp_path / "site0").glob("outer-*.pt")) == [
+        "outer-4.pt",
+        "outer-6.pt",
+    ]
