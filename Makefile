@@ -52,6 +52,7 @@ bench: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/python bench/orchestrator_load.py
 	$(BIN)/python bench/verifiers.py
 	$(BIN)/python bench/trainer_step.py
+	$(BIN)/python bench/diloco.py
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

@@ -83,6 +83,16 @@ class InnerConfig(_Section):
     lr: float = Field(2e-3, gt=0, le=1, description="Inner AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, le=1, description="Inner AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Gradient norm clip per step.")
+    warmup_steps: int = Field(
+        20, ge=0, le=1_000_000, description="Inner steps of linear learning-rate warm-up."
+    )
+    min_lr_ratio: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Cosine decay of the inner learning rate over the run's inner steps "
+        "(outer_steps · inner_steps) down to this fraction of lr; 1 keeps it constant.",
+    )
 
 
 class PretrainConfig(_Section):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from datetime import timedelta
@@ -41,6 +42,15 @@ def eval_loss(model, batches: list[torch.Tensor]) -> float:
     total = sum(lm_loss(model, b).item() * b.size(0) for b in batches)
     model.train()
     return total / sum(b.size(0) for b in batches)
+
+
+def inner_lr(cfg: PretrainConfig, step: int) -> float:
+    """Linear warm-up, then cosine decay to min_lr_ratio · lr at the run's last inner step."""
+    i, total = cfg.inner, cfg.outer_steps * cfg.diloco.inner_steps
+    if step < i.warmup_steps:
+        return i.lr * (step + 1) / i.warmup_steps
+    progress = min(1.0, (step - i.warmup_steps) / max(1, total - i.warmup_steps))
+    return i.lr * (i.min_lr_ratio + (1 - i.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def make_manager(cfg: PretrainConfig, site: int, lighthouse: str):
@@ -187,7 +197,10 @@ def run_site(
                 ckpt.wait()
                 return 0
             t0, losses = time.monotonic(), []
-            for _ in range(cfg.diloco.inner_steps):
+            for h in range(cfg.diloco.inner_steps):
+                lr = inner_lr(cfg, (outer.outer_steps) * cfg.diloco.inner_steps + h)
+                for group in inner.param_groups:
+                    group["lr"] = lr
                 loss = lm_loss(model, shard.batch(gen, c.batch))
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.inner.grad_clip)

@@ -58,12 +58,19 @@ def _pack(samples: list[Sample], pad_id: int):
 
 
 def token_logprobs(
-    model, samples: list[Sample], pad_id: int, with_entropy: bool = False, share: bool = True
+    model,
+    samples: list[Sample],
+    pad_id: int,
+    with_entropy: bool = False,
+    share: bool = True,
+    steady: bool = False,
 ):
     """Log-probs [B, T] of each sample's completion tokens (and their entropies), with
-    the mask of real tokens. With `share`, each distinct prompt runs once (below)."""
+    the mask of real tokens. With `share`, each distinct prompt runs once (below).
+    `steady`: take the same path whatever the batch holds (a sharded model's forward
+    passes are collectives, so every rank must make as many)."""
     ids, attn, gather, targets, mask = _pack(samples, pad_id)
-    shared = len({tuple(s.prompt_tokens) for s in samples}) < len(samples)
+    shared = steady or len({tuple(s.prompt_tokens) for s in samples}) < len(samples)
     if share and shared and can_share_prompts(model):
         picked = _shared_prompt_logits(model, samples, pad_id)
     else:
@@ -134,6 +141,10 @@ def _shared_prompt_logits(model, samples: list[Sample], pad_id: int) -> torch.Te
     return torch.cat([last[:, None], c_logits[:, :-1]], dim=1)
 
 
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -146,43 +157,62 @@ def grpo_update(
     cfg: TrainerConfig,
     token_budget: float,
     pad_id: int,
+    rank: int = 0,
+    world: int = 1,
 ) -> StepStats:
+    """One update; with `world` > 1, this rank's share of it (trainer/fsdp.py).
+
+    Rank r takes the r-th of `world` consecutive parts of every mini-batch (groups
+    stay together for the shared-prompt forward). The loss is a sum
+    over tokens divided by a constant, so the ranks' gradients add up to the
+    one-rank gradient (FSDP2 sums them: its divide factor is set to 1). Every rank
+    runs the same number of forward passes, padding with a zero-weight micro-batch
+    where its share is shorter, because each sharded forward is a collective.
+    """
     micro = cfg.micro_batch
-    model.eval()  # no dropout in these models; eval keeps old/new log-probs comparable
-    with torch.no_grad():
-        old = (
-            [
-                token_logprobs(model, mb, pad_id, share=cfg.share_prompts)[0]
-                for mb in _chunks(samples, micro)
-            ]
-            if min(cfg.optimizer_steps, len(samples)) > 1
-            else None  # one optimizer step: the gradient pass's own detached log-probs
-        )
-        ref = (
-            [
-                token_logprobs(ref_model, mb, pad_id, share=cfg.share_prompts)[0]
-                for mb in _chunks(samples, micro)
-            ]
-            if ref_model is not None
-            else None
-        )
-    order = list(range(len(samples)))
     n_mini = min(cfg.optimizer_steps, len(samples))
     mini_size = -(-len(samples) // n_mini)
+    minis_all = [
+        list(range(len(samples)))[m * mini_size : (m + 1) * mini_size] for m in range(n_mini)
+    ]
+    minis = [
+        mini[rank * _ceil(len(mini), world) :][: _ceil(len(mini), world)] for mini in minis_all
+    ]
+    micros = [_ceil(_ceil(len(mini), world), micro) for mini in minis_all]  # same on every rank
+    mine = [i for mini in minis for i in mini]  # this rank's samples, in order
+    where = {i: k for k, i in enumerate(mine)}
+    n_chunks = _ceil(_ceil(len(samples), world) + n_mini, micro)  # no rank has more
+    share, steady = cfg.share_prompts, world > 1
+    model.eval()  # no dropout in these models; eval keeps old/new log-probs comparable
+
+    def per_chunk(m) -> list[torch.Tensor] | None:
+        chunks = _chunks([samples[i] for i in mine], micro)
+        out = [token_logprobs(m, mb, pad_id, share=share, steady=steady)[0] for mb in chunks]
+        for _ in range(len(chunks), n_chunks if steady else 0):  # keep collectives in step
+            token_logprobs(m, samples[:1], pad_id, share=share, steady=steady)
+        return out
+
+    with torch.no_grad():
+        # one optimizer step: the gradient pass's own detached log-probs
+        old = per_chunk(model) if n_mini > 1 else None
+        ref = per_chunk(ref_model) if ref_model is not None else None
     loss_sum = clipped = tokens = ent = kl = 0.0
     norms = []
     for m in range(n_mini):
         optimizer.zero_grad(set_to_none=True)
-        mini = order[m * mini_size : (m + 1) * mini_size]
-        for start in range(0, len(mini), micro):
-            idx = mini[start : start + micro]
+        mini = minis[m]
+        for k in range(micros[m]):
+            idx = mini[k * micro : (k + 1) * micro]
+            weight = 1.0 if idx else 0.0  # a padding pass: run, add nothing
+            idx = idx or [mine[0] if mine else 0]
             mb = [samples[i] for i in idx]
-            # old/ref log-probs were computed per micro-batch of the full order; slice them out
-            ref_mb = _select(ref, idx, micro) if ref is not None else None
+            pos = [where.get(i, 0) for i in idx]
+            # old/ref log-probs were computed per micro-batch of this rank's samples
+            ref_mb = _select(ref, pos, micro) if ref is not None and weight else None
             logp, entropy, mask = token_logprobs(
-                model, mb, pad_id, with_entropy=True, share=cfg.share_prompts
+                model, mb, pad_id, with_entropy=True, share=share, steady=steady
             )
-            old_mb = logp.detach() if old is None else _select(old, idx, micro)
+            old_mb = logp.detach() if old is None or not weight else _select(old, pos, micro)
             adv = torch.tensor([s.advantage for s in mb], dtype=logp.dtype)[:, None]
             out = grpo_loss(
                 logp,
@@ -197,14 +227,17 @@ def grpo_update(
                 ref_logp=None if ref_mb is None else ref_mb[:, : logp.shape[1]],
                 kl_coef=cfg.kl_coef,
             )
-            out.loss.backward()
-            loss_sum += float(out.loss.detach())
-            clipped += out.clipped_tokens
-            tokens += out.tokens
-            ent += out.entropy_sum
-            kl += out.kl_sum
+            (out.loss * weight).backward()
+            if weight:
+                loss_sum += float(out.loss.detach())
+                clipped += out.clipped_tokens
+                tokens += out.tokens
+                ent += out.entropy_sum
+                kl += out.kl_sum
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
         optimizer.step()
+    if world > 1:
+        loss_sum, clipped, tokens, ent, kl = _sum_over_ranks([loss_sum, clipped, tokens, ent, kl])
     return StepStats(
         loss=loss_sum,
         grad_norm=sum(norms) / len(norms),
@@ -213,6 +246,14 @@ def grpo_update(
         kl=kl / max(tokens, 1.0),
         tokens=int(tokens),
     )
+
+
+def _sum_over_ranks(values: list[float]) -> list[float]:
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
 
 
 def _select(chunks: list[torch.Tensor], idx: list[int], micro: int) -> torch.Tensor:

@@ -1,0 +1,67 @@
+"""The GRPO update across the ranks of one site: torch.distributed and FSDP2.
+
+Started by torchrun (WORLD_SIZE > 1), a rank joins the default process group
+(gloo on CPU, NCCL where CUDA is present) and shards the policy with FSDP2:
+each decoder layer, then the root (the embeddings, tied or not, and the final
+norm). `grpo_update(..., rank, world)` runs this rank's share of every
+mini-batch (trainer/step.py); FSDP2's gradient divide factor is 1, so the
+reduce-scatter sums the ranks' gradients, which is the one-rank gradient
+because the loss is a token sum over a constant budget.
+
+What is built: the sharded update and the full state dict it gathers.
+The trainer loop does not run under torchrun yet (rank 0 would talk to the
+orchestrator, hand the batch to the other ranks and publish the gathered
+weights; DCP checkpoints would replace trainer_state.pt).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world) from torchrun's environment; (0, 1) when it is not set."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"{type(model).__name__}: no model.layers to shard (a causal LM is expected)"
+        )
+    return list(layers)
+
+
+def shard(model):
+    """FSDP2 over the default group: each decoder layer, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer)
+    fully_shard(model)
+    for module in [*decoder_layers(model), model]:  # each sharded module has its own setting
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+    return model
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """The unsharded weights on the CPU (a collective: every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )

@@ -1,0 +1,38 @@
+"""One rank of the FSDP2 test (run as a script by test_fsdp.py).
+
+usage: fsdp_ranks.py OUT_FILE shared|packed    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+
+Builds the test policy and batch (tests/unit/fsdp_case.py), shards it with
+FSDP2, runs this rank's share of one GRPO update and writes the stats and the
+gathered weights (rank 0).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from swarmrl.trainer.fsdp import full_state_dict, init_distributed, shard  # noqa: E402
+from swarmrl.trainer.step import grpo_update  # noqa: E402
+from tests.unit.fsdp_case import case  # noqa: E402
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    rank, world = init_distributed()
+    model, samples, cfg, budget = case(share=sys.argv[2] == "shared")
+    shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    stats = grpo_update(model, None, opt, samples, cfg, budget, 0, rank, world)
+    weights = full_state_dict(model)
+    if rank == 0:
+        torch.save({"stats": stats.__dict__, "weights": weights}, sys.argv[1])
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
