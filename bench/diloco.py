@@ -108,28 +108,14 @@ class StaticManager:
 
 
 def _setup(args, rank):
-    import torch
-
     from swarmrl.config import load_config
     from swarmrl.config_diloco import PretrainConfig
-    from swarmrl.diloco.corpus import held_out, site_shard
-    from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
+    from swarmrl.diloco.site import build_site
 
-    cfg = load_config(
-        ROOT / "configs" / "diloco.toml",
-        [f"outer_steps={args.outer_steps}", f"diloco.inner_steps={args.inner_steps}"],
-        schema=PretrainConfig,
-    )
-    tok = build_char_tokenizer()
-    model = build_tiny_model(tok, hidden=cfg.model.hidden, layers=cfg.model.layers, seed=args.seed)
-    c = cfg.corpus
-    shard = site_shard(tok, c.lines, args.seed, rank, args.sites, c.seq_len)
-    evals = held_out(tok, c.eval_lines, args.seed, c.seq_len).eval_batches(c.batch)
-    inner = torch.optim.AdamW(
-        model.parameters(), lr=cfg.inner.lr, weight_decay=cfg.inner.weight_decay
-    )
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    return cfg, model, shard, evals, inner, gen
+    overrides = [f"outer_steps={args.outer_steps}", f"diloco.inner_steps={args.inner_steps}",
+                 f"seed={args.seed}", f"sites={args.sites}", *args.overrides]  # fmt: skip
+    cfg = load_config(ROOT / "configs" / "diloco.toml", overrides, schema=PretrainConfig)
+    return (cfg, *build_site(cfg, rank))
 
 
 def _inner_step(model, shard, gen, inner, cfg, step: int, link=None) -> float:
@@ -167,7 +153,6 @@ def _inner_step(model, shard, gen, inner, cfg, step: int, link=None) -> float:
 def _train(args, rank, world, pg, method: str, steps: int, bytes_per_s: float = 0.0) -> dict:
     import torch.distributed as dist
 
-    from swarmrl.config_diloco import DilocoConfig
     from swarmrl.diloco.outer import OuterLoop
     from swarmrl.diloco.site import eval_loss
 
@@ -175,8 +160,7 @@ def _train(args, rank, world, pg, method: str, steps: int, bytes_per_s: float = 
     link = CountingLink(pg, world, bytes_per_s)
     outer = None
     if method == "diloco":
-        d = DilocoConfig(inner_steps=args.inner_steps, bits=8)
-        outer = OuterLoop(model, d, StaticManager(link, world))
+        outer = OuterLoop(model, cfg.diloco, StaticManager(link, world))
     dist.barrier()
     t0, compute, quant_error = time.perf_counter(), 0.0, None
     for step in range(1, steps + 1):
@@ -235,6 +219,10 @@ def rank_main(args) -> None:
     steps = args.inner_steps * args.outer_steps
     res = {"dp": _train(args, rank, world, pg, "dp", steps),
            "diloco": _train(args, rank, world, pg, "diloco", steps)}  # fmt: skip
+    if args.loss_only:
+        Path(args.out, f"rank{rank}.json").write_text(json.dumps(res))
+        dist.destroy_process_group()
+        return
     res["allreduce"] = {
         str(n): _allreduce_speed(pg, world, n, args.repeat) for n in (1 << 20, 1 << 24)
     }
@@ -255,6 +243,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--loss-only", action="store_true", help="only the two training runs")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides of configs/diloco.toml")
     ap.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -296,6 +286,11 @@ def main() -> None:
         runs = [r["links"][name][m] for r in ranks]
         return round(statistics.mean(x["compute_s"] / x["wall_s"] for x in runs), 3)
 
+    if args.loss_only:
+        print(json.dumps({"seed": args.seed, "overrides": args.overrides,
+                          "dp": round(dp["eval_loss"], 4), "diloco": round(dl["eval_loss"], 4),
+                          "ratio": round(dl["eval_loss"] / dp["eval_loss"], 4)}))  # fmt: skip
+        return
     result = {
         "sites": args.sites, "inner_steps": args.inner_steps, "outer_steps": args.outer_steps,
         "steps": args.inner_steps * args.outer_steps, "threads": args.threads, "seed": args.seed,

@@ -105,6 +105,23 @@ class DyingGroup:
         os._exit(17)
 
 
+def build_site(cfg: PretrainConfig, site: int):
+    """Model (the same initial weights on every site), shard, held-out batches, inner
+    optimizer and data generator of site `site` of `cfg.sites`."""
+    from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden=cfg.model.hidden, layers=cfg.model.layers, seed=cfg.seed)
+    c = cfg.corpus
+    shard = site_shard(tok, c.lines, cfg.seed, site, cfg.sites, c.seq_len)
+    evals = held_out(tok, c.eval_lines, cfg.seed, c.seq_len).eval_batches(c.batch)
+    inner = torch.optim.AdamW(
+        model.parameters(), lr=cfg.inner.lr, weight_decay=cfg.inner.weight_decay
+    )
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + site)
+    return model, shard, evals, inner, gen
+
+
 def site_state(outer: OuterLoop, inner, gen: torch.Generator, manager) -> dict:
     """What a site needs to go on after a restart (the model equals the global weights
     right after a committed sync, when checkpoints are taken)."""
@@ -138,21 +155,12 @@ def run_site(
     fail_in_sync: int = 0,
     resume: bool = False,
 ) -> int:
-    from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
-
     torch.set_num_threads(cfg.threads)
-    tok = build_char_tokenizer()
-    model = build_tiny_model(tok, hidden=cfg.model.hidden, layers=cfg.model.layers, seed=cfg.seed)
+    model, shard, evals, inner, gen = build_site(cfg, site)
     c = cfg.corpus
-    shard = site_shard(tok, c.lines, cfg.seed, site, cfg.sites, c.seq_len)
-    evals = held_out(tok, c.eval_lines, cfg.seed, c.seq_len).eval_batches(c.batch)
-    inner = torch.optim.AdamW(
-        model.parameters(), lr=cfg.inner.lr, weight_decay=cfg.inner.weight_decay
-    )
     manager, _store = make_manager(cfg, site, lighthouse)
     outer = OuterLoop(model, cfg.diloco, manager)
     metrics = run / f"metrics-site{site}.jsonl"
-    gen = torch.Generator().manual_seed(cfg.seed * 1000 + site)
     ckpt = AsyncCheckpointer(run / "checkpoints" / f"site{site}", cfg.keep_checkpoints)
     if resume:
         resume_site(ckpt, outer, inner, gen, manager, site)
