@@ -8,10 +8,11 @@ mini-batch (trainer/step.py); FSDP2's gradient divide factor is 1, so the
 reduce-scatter sums the ranks' gradients, which is the one-rank gradient
 because the loss is a token sum over a constant budget.
 
-What is built: the sharded update and the full state dict it gathers.
-The trainer loop does not run under torchrun yet (rank 0 would talk to the
-orchestrator, hand the batch to the other ranks and publish the gathered
-weights; DCP checkpoints would replace trainer_state.pt).
+What is built: the sharded update, the full state dict it gathers, and DCP
+checkpoints of the sharded model and optimizer that any number of ranks can
+load. The trainer loop does not run under torchrun yet: rank 0 would talk to
+the orchestrator, hand the batch to the other ranks and publish the gathered
+weights, and these checkpoints would replace trainer_state.pt.
 """
 
 from __future__ import annotations
@@ -64,4 +65,27 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
 
     return get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def save_checkpoint(model, optimizer, path) -> None:
+    """A DCP checkpoint of the (sharded) model and optimizer: each rank writes its
+    shards; any number of ranks, one included, can load it (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+
+
+def load_checkpoint(model, optimizer, path) -> None:
+    """Load a DCP checkpoint written with any number of ranks into this layout."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )

@@ -1,6 +1,6 @@
 """One rank of the FSDP2 test (run as a script by test_fsdp.py).
 
-usage: fsdp_ranks.py OUT_FILE shared|packed    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+usage: fsdp_ranks.py OUT_FILE shared|packed [CHECKPOINT_DIR]    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
 
 Builds the test policy and batch (tests/unit/fsdp_case.py), shards it with
 FSDP2, runs this rank's share of one GRPO update and writes the stats and the
@@ -16,7 +16,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from swarmrl.trainer.fsdp import full_state_dict, init_distributed, shard  # noqa: E402
+from swarmrl.trainer.fsdp import (  # noqa: E402
+    full_state_dict,
+    init_distributed,
+    save_checkpoint,
+    shard,
+)
 from swarmrl.trainer.step import grpo_update  # noqa: E402
 from tests.unit.fsdp_case import case  # noqa: E402
 
@@ -29,8 +34,15 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     stats = grpo_update(model, None, opt, samples, cfg, budget, 0, rank, world)
     weights = full_state_dict(model)
+    if len(sys.argv) > 3:  # checkpoint after this update, then take one more
+        save_checkpoint(model, opt, sys.argv[3])
+        grpo_update(model, None, opt, samples[::-1], cfg, budget, 0, rank, world)
+        after = full_state_dict(model)
     if rank == 0:
-        torch.save({"stats": stats.__dict__, "weights": weights}, sys.argv[1])
+        out = {"stats": stats.__dict__, "weights": weights}
+        if len(sys.argv) > 3:
+            out["after_second"] = after
+        torch.save(out, sys.argv[1])
     torch.distributed.destroy_process_group()
 
 

@@ -17,13 +17,11 @@ from tests.unit.fsdp_case import case
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("forward", ["shared", "packed"])
-def test_two_gloo_ranks_match_one_rank(tmp_path, forward):
+def _two_ranks(out: Path, forward: str, *extra: str) -> dict:
     port = str(free_port())
-    out = tmp_path / "rank0.pt"
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "fsdp_ranks.py"), str(out), forward],
+            [sys.executable, str(HERE / "fsdp_ranks.py"), str(out), forward, *extra],
             env={
                 **os.environ,
                 "RANK": str(r),
@@ -41,7 +39,12 @@ def test_two_gloo_ranks_match_one_rank(tmp_path, forward):
     for p in procs:
         _, err = p.communicate(timeout=180)
         assert p.returncode == 0, err[-3000:]
-    two = torch.load(out)
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("forward", ["shared", "packed"])
+def test_two_gloo_ranks_match_one_rank(tmp_path, forward):
+    two = _two_ranks(tmp_path / "rank0.pt", forward)
 
     model, samples, cfg, budget = case(share=forward == "shared")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -61,3 +64,19 @@ def test_two_gloo_ranks_match_one_rank(tmp_path, forward):
     # the update moved the weights (the comparison is not between two untouched copies)
     start, _, _, _ = case()
     assert any(not torch.equal(w, start.state_dict()[n]) for n, w in two["weights"].items())
+
+
+def test_checkpoint_from_two_ranks_resumes_on_one(tmp_path):
+    """A DCP checkpoint written by 2 FSDP2 ranks loads into one unsharded process, model
+    and AdamW state both: the next update there matches the 2-rank run's next update."""
+    from swarmrl.trainer.fsdp import load_checkpoint
+
+    two = _two_ranks(tmp_path / "rank0.pt", "shared", str(tmp_path / "ckpt"))
+    model, samples, cfg, budget = case()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    load_checkpoint(model, opt, tmp_path / "ckpt")
+    for name, w in model.state_dict().items():
+        assert torch.equal(w, two["weights"][name]), name  # the saved weights, exactly
+    grpo_update(model, None, opt, samples[::-1], cfg, budget, 0)
+    for name, w in model.state_dict().items():  # fresh AdamW state would step differently
+        assert torch.allclose(w, two["after_second"][name], atol=5e-5, rtol=0), name
