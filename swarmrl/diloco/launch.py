@@ -4,8 +4,8 @@ The embedded default of what runs on separate machines in practice (each site
 runs `swarmrl diloco-site --lighthouse URL`). The launcher starts a torchft
 lighthouse on loopback unless `diloco.lighthouse` names one, starts the sites
 with a log each (runs/<name>/logs/site-<k>.log), shows one progress line per
-outer step, and restarts a site that dies (`restart`): the restarted site is a
-joiner and takes the global state from a live peer. At the end it writes
+outer step, and restarts a site that dies (`restart`) from its newest checkpoint
+(a live peer that is further on heals it), and the lighthouse on its port. At the end it writes
 loss.png (held-out loss of the global weights per outer step).
 """
 
@@ -110,6 +110,11 @@ def run_diloco(cfg: PretrainConfig, config_path: str | None, overrides: list[str
     t0, shown, tty, done_at = time.time(), "", sys.stdout.isatty(), None
     try:
         while True:
+            if server is not None and server.poll() is not None:
+                print(f"the lighthouse exited ({server.poll()}); restarting it on the same port",
+                      flush=True)  # fmt: skip
+                server.restarts += 1
+                server.start()
             codes = [p.poll() for p in procs]
             for p, code in zip(procs, codes, strict=True):
                 if code not in (None, 0):
@@ -117,7 +122,10 @@ def run_diloco(cfg: PretrainConfig, config_path: str | None, overrides: list[str
                     if not cfg.restart:
                         return 1
                     p.restarts += 1
-                    print(f"{p.name}: restarting (it rejoins from a live peer)", flush=True)
+                    print(f"{p.name}: restarting (from its newest checkpoint; a live peer "
+                          "further on heals it)", flush=True)  # fmt: skip
+                    if "--resume" not in p.argv:
+                        p.argv.insert(p.argv.index("--site"), "--resume")
                     p.start()
             if all(code == 0 for code in codes):
                 break

@@ -175,3 +175,52 @@ def test_resume_from_asynchronous_checkpoints(tmp_path):
     for k in (0, 1):
         assert "outer-4.pt (outer step 4)" in (run / "logs" / f"site-{k}.log").read_text()
     _agree(run, [0, 1])
+
+
+def test_lighthouse_killed_run_recovers_from_checkpoints(tmp_path):
+    """SIGKILL the lighthouse mid-run: the launcher restarts it on its port; the quorum
+    requests in flight time out (diloco.quorum_timeout_s), the sites exit, and the
+    launcher restarts them from their newest checkpoints, so the run still finishes
+    with the global state it had at that checkpoint."""
+    runs = tmp_path / "runs"
+    run = runs / "diloco"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarmrl", "diloco", f"runs_dir={json.dumps(str(runs))}",
+         "sites=2", "outer_steps=16", "checkpoint_every=4", "diloco.quorum_timeout_s=20", *FAST],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (run / "checkpoints" / "site0" / "outer-4.pt").exists(), 180,
+                 "the checkpoint of outer step 4", proc)  # fmt: skip
+        lighthouse = wait_for(lambda: _pid_with(b"swarmrl.diloco.lighthouse", runs), 10, "pid")
+        os.kill(lighthouse, signal.SIGKILL)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (out[-2000:], err[-2000:])
+    assert "the lighthouse exited (-9); restarting it" in out
+    assert "restarting (from its newest checkpoint" in out
+    logs = "".join((run / "logs" / f"site-{k}.log").read_text() for k in (0, 1))
+    assert "resumed from" in logs
+    assert max(r["outer_step"] for r in _rows(run, 0)) == 16
+    _agree(run, [0, 1])
+
+
+def _pid_with(marker: bytes, runs: Path) -> int | None:
+    """The lighthouse of this test's run: the process beside site 0 (same parent, the
+    launcher) whose argv holds `marker`."""
+    site0 = _site_pid(runs, 0)
+    if site0 is None:
+        return None
+    launcher = int(Path(f"/proc/{site0}/stat").read_text().split()[3])
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+                parent = int(Path(f"/proc/{pid}/stat").read_text().split()[3])
+            except (OSError, ValueError):
+                continue
+            if marker in argv and parent == launcher:
+                return int(pid)
+    return None
