@@ -61,25 +61,27 @@ class CountingLink:
     def __init__(self, pg, world: int, bytes_per_s: float = 0.0):
         self.pg, self.world, self.bytes_per_s = pg, world, bytes_per_s
         self.sent = 0.0
+        self.log: list[tuple[str, float]] = []  # (dtype handed to the transport, bytes)
 
-    def _go(self, nbytes: float, work):
+    def _go(self, dtype, nbytes: float, work):
         self.sent += nbytes
+        self.log.append((str(dtype), nbytes))
         return _Delayed(work, nbytes / self.bytes_per_s if self.bytes_per_s else 0.0)
 
     def allreduce(self, tensors, opts):
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        return self._go(
-            2 * (self.world - 1) / self.world * nbytes, self.pg.allreduce(tensors, opts)
-        )
+        work = self.pg.allreduce(tensors, opts)
+        return self._go(tensors[0].dtype, 2 * (self.world - 1) / self.world * nbytes, work)
 
     def alltoall_base(self, out, inp, out_splits, in_splits, opts):
         me = self.pg.rank()
         nbytes = sum(n for r, n in enumerate(in_splits) if r != me) * inp.element_size()
-        return self._go(nbytes, self.pg.alltoall_base(out, inp, out_splits, in_splits, opts))
+        work = self.pg.alltoall_base(out, inp, out_splits, in_splits, opts)
+        return self._go(inp.dtype, nbytes, work)
 
     def allgather(self, outs, inps, opts):
         nbytes = sum(t.numel() * t.element_size() for t in inps) * (self.world - 1)
-        return self._go(nbytes, self.pg.allgather(outs, inps, opts))
+        return self._go(inps[0].dtype, nbytes, self.pg.allgather(outs, inps, opts))
 
 
 class StaticManager:

@@ -176,7 +176,8 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from swarmrl.config import ConfigError, config_docs, load_config
+    from swarmrl.config import ConfigError, load_config
+    from swarmrl.config_docs import config_docs
     from swarmrl.models.loading import ModelLoadError
     from swarmrl.protocol.identity import IdentityError
     from swarmrl.shardcast.servers import ShardcastError

@@ -4,44 +4,24 @@ usage: dist_ranks.py RANK WORLD PORT OUT_DIR
 
 All ranks join one gloo group on loopback; groups of the first 2, 3 and 4 ranks
 all-reduce tensors of odd sizes with allreduce_int8 and with fp32 all_reduce,
-through a wrapper that records what each collective is handed to send. Each
+through bench/diloco.py's wrapper that records what each collective is handed to send. Each
 rank writes its results to OUT_DIR/rank{R}.pt for the test to compare.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from swarmrl.diloco.allreduce import allreduce_fp32, allreduce_int8
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.diloco import CountingLink  # noqa: E402
+from swarmrl.diloco.allreduce import allreduce_fp32, allreduce_int8  # noqa: E402
 
 SIZES = [1, 7, 255, 257, 4099, 70001]
-
-
-class CountingGroup:
-    """Forwards to a process group and records (dtype, bytes sent to other ranks)."""
-
-    def __init__(self, pg):
-        self.pg = pg
-        self.sent: list[tuple[str, int]] = []
-
-    def alltoall_base(self, out, inp, out_splits, in_splits, opts):
-        me = self.pg.rank()
-        others = sum(n for r, n in enumerate(in_splits) if r != me) * inp.element_size()
-        self.sent.append((str(inp.dtype), others))
-        return self.pg.alltoall_base(out, inp, out_splits, in_splits, opts)
-
-    def allgather(self, outs, inps, opts):
-        for t in inps:
-            self.sent.append((str(t.dtype), t.numel() * t.element_size() * (self.pg.size() - 1)))
-        return self.pg.allgather(outs, inps, opts)
-
-    def allreduce(self, tensors, opts):
-        for t in tensors:
-            self.sent.append((str(t.dtype), t.numel() * t.element_size()))
-        return self.pg.allreduce(tensors, opts)
 
 
 def main() -> None:
@@ -60,10 +40,10 @@ def main() -> None:
         for n in SIZES:
             g = torch.Generator().manual_seed(1000 * w + 10 * n + rank)
             x = torch.randn(n, generator=g) * (1 + rank)  # ranks differ in scale
-            counting = CountingGroup(group)
+            counting = CountingLink(group, w)
             q = allreduce_int8(counting, x, w, divisor=w, block=256)
             exact = allreduce_fp32(group, x, divisor=w)
-            results[(w, n)] = {"x": x, "q": q, "exact": exact, "sent": counting.sent}
+            results[(w, n)] = {"x": x, "q": q, "exact": exact, "sent": counting.log}
     torch.save(results, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.config import ConfigError, config_docs, load_config, parse_override
+from swarmrl.config import ConfigError, load_config, parse_override
+from swarmrl.config_docs import config_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 
