@@ -310,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 cheats = args.cheats.split(",") if args.cheats else None
+                if cfg.trainer.diloco.sites and not cfg.trainer.diloco.lighthouse:
+                    from swarmrl.diloco.rl import launch_sites
+
+                    if cheats or args.cheaters:
+                        raise LaunchError("--cheaters: start the sites one by one for that")
+                    return launch_sites(cfg, args.config, args.overrides, args.resume, args.fresh)
                 return launch(
                     cfg, args.config, args.overrides, args.resume, args.fresh, args.cheaters, cheats
                 )

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from swarmrl.config_base import ConfigError, _Section
+from swarmrl.config_diloco import TrainerDilocoConfig
 from swarmrl.config_orchestrator import OrchestratorConfig
 
 
@@ -194,8 +195,19 @@ class TrainerConfig(_Section):
         description="Constant divisor of the token-summed loss; 0 means "
         "batch_groups · group_size · max_new_tokens.",
     )
-    threads: int = Field(1, ge=1, le=256, description="torch threads of the trainer process.")
+    threads: int = Field(1, ge=1, le=256, description="torch threads of each trainer rank.")
+    ranks: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Trainer processes on this machine: above 1, `swarmrl rl` starts the "
+        "trainer under torchrun and shards the policy with FSDP2 (gloo on CPU, NCCL on GPU); "
+        "rank 0 talks to the orchestrator and publishes. A resume may change it.",
+    )
     poll_s: float = Field(0.1, gt=0.0, le=60.0, description="Wait between store polls.")
+    diloco: TrainerDilocoConfig = Field(
+        default_factory=TrainerDilocoConfig, description="DiLoCo across trainer sites."
+    )
 
 
 class CurriculumConfig(_Section):

@@ -63,6 +63,23 @@ class DilocoConfig(_Section):
     )
 
 
+class TrainerDilocoConfig(DilocoConfig):
+    """[trainer.diloco]: GRPO trainer sites that synchronise their policies (DiLoCo for RL)."""
+
+    sites: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="0: off. N: `swarmrl rl` starts a lighthouse and N sites, each a swarm "
+        "of its own (orchestrator, trainer, relays, validators, workers) in "
+        "runs/<name>/site-K/, whose trainers average their policies every inner_steps steps.",
+    )
+    site: int = Field(0, ge=0, le=1023, description="This trainer's site (set by `swarmrl rl`).")
+    inner_steps: int = Field(
+        10, ge=1, le=100_000, description="H: GRPO steps of a site between synchronisations."
+    )
+
+
 class CorpusConfig(_Section):
     lines: int = Field(
         20_000, ge=100, le=10_000_000, description="Generated corpus lines (all shards)."

@@ -192,6 +192,15 @@ def _wait_healthy(url: str, proc: Proc, timeout_s: float = 60.0) -> None:
     raise LaunchError(f"the orchestrator at {url} did not answer /health in {timeout_s:.0f}s")
 
 
+def _run_done(url: str) -> bool:
+    import httpx
+
+    try:
+        return bool(httpx.get(url + "/health", timeout=5.0).json().get("done"))
+    except (httpx.TransportError, ValueError):
+        return False
+
+
 def _validator_setup(cfg: RunConfig) -> list[str]:
     """Create the validators' keys up front, so the trainer is told whom to trust."""
     from swarmrl.protocol.identity import load_or_create_key, public_key_hex
@@ -256,6 +265,11 @@ def launch(
         return Proc(name, argv, log_path, cfg.worker.threads, cfg.launcher.worker_niceness)
 
     trainer = proc("trainer", ["trainer"] + (["--resume"] if resume else []), cfg.trainer.threads)
+    if cfg.trainer.ranks > 1:  # the same command, one process per rank under torchrun
+        trainer.argv[1:3] = [
+            "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(cfg.trainer.ranks), "-m", "swarmrl",
+        ]  # fmt: skip
     workers = [node(f"worker-{i}") for i in range(cfg.launcher.workers)]
     cheater_procs = [node(f"cheater-{i}", k) for i, k in enumerate(cheat_kinds)]
     validators = [
@@ -284,8 +298,11 @@ def launch(
         _stop_all([orchestrator], graceful=False)
         raise
     print(f"swarmrl: orchestrator at {url} (swarmrl status --orchestrator {url})", flush=True)
+    # Extending a finished run (--resume with more steps): workers and validators would
+    # see "done" and exit, so they start once the trainer has reopened the run.
+    held = [*validators, *workers, *cheater_procs] if resume and _run_done(url) else []
     for p in procs:
-        if p is not orchestrator:
+        if p is not orchestrator and p not in held:
             p.start()
     code = 0
     ledger = None
@@ -310,6 +327,10 @@ def launch(
                     )
                     code = 1
                 break
+            if held and not _run_done(url):
+                for p in held:
+                    p.start()
+                held = []
             failed = None
             for w in helpers:
                 wrc = w.poll()

@@ -17,13 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from swarmrl.config_diloco import PretrainConfig
+from swarmrl.config_diloco import DilocoConfig, PretrainConfig
 from swarmrl.launcher import Proc, _free_port, _tail
 
 
-def lighthouse_proc(cfg: PretrainConfig, run: Path) -> tuple[Proc, str]:
+def lighthouse_proc(d: DilocoConfig, run: Path) -> tuple[Proc, str]:
     """A lighthouse process on a free loopback port, and its URL."""
-    d = cfg.diloco
     port = _free_port("127.0.0.1")
     argv = [sys.executable, "-m", "swarmrl.diloco.lighthouse", "--bind", f"127.0.0.1:{port}",
             "--min-sites", str(d.min_sites), "--join-timeout-s", str(d.join_timeout_s),
@@ -94,7 +93,7 @@ def run_diloco(cfg: PretrainConfig, config_path: str | None, overrides: list[str
     (run / "logs").mkdir(parents=True, exist_ok=True)
     lighthouse, server = cfg.diloco.lighthouse, None
     if not lighthouse:
-        server, lighthouse = lighthouse_proc(cfg, run)
+        server, lighthouse = lighthouse_proc(cfg.diloco, run)
         server.start()
     procs = [
         Proc(

@@ -80,14 +80,16 @@ class OuterLoop:
         self.restore(sd)
         self._healed = True
 
-    def restore(self, sd: dict) -> None:
-        """State from a peer or a checkpoint; the model restarts from the global weights."""
+    def restore(self, sd: dict, reset: bool = True) -> None:
+        """State from a peer or a checkpoint; the model restarts from the global weights
+        (`reset`), or keeps its own (a resumed trainer mid-round)."""
         with torch.no_grad():
             for g, v in zip(self.global_params, sd["global"], strict=True):
                 g.copy_(v)
         self.outer_opt.load_state_dict(sd["outer_opt"])
         self.outer_steps = int(sd["outer_steps"])
-        self.reset_local()
+        if reset:
+            self.reset_local()
 
     def reset_local(self) -> None:
         """Local weights := global weights (the start of a round of inner steps)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.config_diloco import PretrainConfig
+from swarmrl.config_diloco import DilocoConfig, PretrainConfig
 from swarmrl.diloco.checkpoint import AsyncCheckpointer
 from swarmrl.diloco.corpus import held_out, site_shard
 from swarmrl.diloco.outer import OuterLoop
@@ -53,12 +53,11 @@ def inner_lr(cfg: PretrainConfig, step: int) -> float:
     return i.lr * (i.min_lr_ratio + (1 - i.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_manager(cfg: PretrainConfig, site: int, lighthouse: str):
+def make_manager(d: DilocoConfig, site: int, lighthouse: str):
+    """A torchft Manager for site `site` (a replica group of one rank), and its store."""
     from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
     from torchft.checkpointing.http_transport import HTTPTransport
-
-    d = cfg.diloco
 
     class Transport(HTTPTransport):
         """torchft's recovery server, advertised at `diloco.host` (it advertises the
@@ -158,7 +157,7 @@ def run_site(
     torch.set_num_threads(cfg.threads)
     model, shard, evals, inner, gen = build_site(cfg, site)
     c = cfg.corpus
-    manager, _store = make_manager(cfg, site, lighthouse)
+    manager, _store = make_manager(cfg.diloco, site, lighthouse)
     outer = OuterLoop(model, cfg.diloco, manager)
     metrics = run / f"metrics-site{site}.jsonl"
     ckpt = AsyncCheckpointer(run / "checkpoints" / f"site{site}", cfg.keep_checkpoints)

@@ -8,11 +8,11 @@ mini-batch (trainer/step.py); FSDP2's gradient divide factor is 1, so the
 reduce-scatter sums the ranks' gradients, which is the one-rank gradient
 because the loss is a token sum over a constant budget.
 
-What is built: the sharded update, the full state dict it gathers, and DCP
-checkpoints of the sharded model and optimizer that any number of ranks can
-load. The trainer loop does not run under torchrun yet: rank 0 would talk to
-the orchestrator, hand the batch to the other ranks and publish the gathered
-weights, and these checkpoints would replace trainer_state.pt.
+The trainer runs on it with `trainer.ranks` > 1 (trainer/ranks.py: rank 0
+talks to the orchestrator and publishes the gathered weights, the others
+follow). `save_checkpoint`/`load_checkpoint` keep model and optimizer in one
+DCP checkpoint; the trainer saves only the optimizer that way
+(trainer/ranks.py), because its weights are the published version.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ crash anywhere loses and repeats nothing:
    way (workers start on the next step while this one trains: this is where
    inference and training overlap);
 3. update; append the metrics row for n;
-4. save trainer state n (optimizer, consumed keys, curriculum, elapsed time);
+4. save trainer state n: the optimizer (a DCP directory every rank writes its
+   part of, trainer/ranks.py), then the consumed keys, curriculum and elapsed
+   time in a file that names it;
 5. publish version n (manifest last) — the commit point — then
    `POST /v1/trainer/published`, after which the orchestrator deletes the
    files consumed up to n.
@@ -21,7 +23,8 @@ Resume (`--resume`) starts after the newest version v that has a trainer
 state: it truncates metrics rows past v, tells the orchestrator (`POST
 /v1/trainer/resume`), which puts the files consumed by steps after v back in
 the queue, and restores the optimizer and the carried-over groups, so step
-v+1 is neither lost nor repeated and no rollout is trained on twice.
+v+1 is neither lost nor repeated and no rollout is trained on twice. The
+number of trainer ranks may differ from the run that saved it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import json
 import logging
 import shutil
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,7 +41,7 @@ import torch
 
 from swarmrl.config import ConfigError, RunConfig
 from swarmrl.inference.rollouts import Limits
-from swarmrl.models.loading import load_model, load_tokenizer
+from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.client import OrchestratorClient
 from swarmrl.protocol.identity import load_or_create_key, parse_public_key, public_key_hex
 from swarmrl.shardcast.local import LocalWeights
@@ -46,7 +50,9 @@ from swarmrl.shardcast.origin import Origin, Publisher
 from swarmrl.tasks.curriculum import run_curriculum
 from swarmrl.tasks.dataset import TaskSource
 from swarmrl.trainer.batch import BatchCollector, OrchestratorQueue, Sample
-from swarmrl.trainer.step import grpo_update
+from swarmrl.trainer.diloco import PolicySync, sync_row
+from swarmrl.trainer.fsdp import init_distributed
+from swarmrl.trainer.ranks import Policy, follow, optimizer_dir
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -83,10 +89,9 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
     tmp.replace(path)
 
 
-def _publish(publisher: Publisher, model, tokenizer, version: int, announce) -> None:
-    """Publish `version`; then `announce(version)` tells the orchestrator (on the
-    publisher's thread, after the manifest is written)."""
-    snapshot = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+def _publish(publisher: Publisher, model, snapshot: dict, tokenizer, version: int, announce):
+    """Publish `snapshot` (the CPU weights of `model`) as `version`; then `announce(version)`
+    tells the orchestrator (on the publisher's thread, after the manifest is written)."""
 
     def write(d: Path) -> None:
         model.save_pretrained(d, state_dict=snapshot, safe_serialization=True)
@@ -132,21 +137,37 @@ def trusted_validators(cfg: RunConfig) -> list[str] | None:
 
 
 def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
+    """The trainer; under torchrun (WORLD_SIZE > 1) rank 0 runs this loop and the other
+    ranks follow it (trainer/ranks.py)."""
+    rank, world = init_distributed()
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
+    try:
+        if rank > 0:
+            follow(cfg, rank, world)
+        else:
+            _rank0(cfg, resume, Policy(cfg, 0, world))
+    finally:
+        if world > 1:
+            torch.distributed.destroy_process_group()
+
+
+def _rank0(cfg: RunConfig, resume: bool, policy: Policy) -> None:
     paths = cfg.run_paths()
     paths["trainer_state"].mkdir(parents=True, exist_ok=True)
     weights, origin = _open_weights(cfg, paths)
     publisher = Publisher(weights, origin)
     try:
-        _train(cfg, resume, paths, weights, publisher)
+        with ExitStack() as stack:
+            _train(cfg, resume, paths, weights, publisher, policy, stack)
     finally:
         publisher.close()
         if origin is not None:
             origin.stop()
 
 
-def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publisher) -> None:
+def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publisher, policy,
+           stack: ExitStack):  # fmt: skip
     if not cfg.orchestrator.url:
         raise ConfigError("orchestrator.url is empty: the trainer takes its rollouts from there")
     key = trainer_key(cfg)
@@ -157,9 +178,8 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         announcer.call("POST", "/v1/trainer/published", {"version": version})
 
     tokenizer = load_tokenizer(cfg.model.path)
-    pad_id = tokenizer.pad_token_id
 
-    start, elapsed0, opt_state, carry, taken = 1, 0.0, None, [], {}
+    start, elapsed0, carry, taken = 1, 0.0, [], {}
     curriculum = run_curriculum(cfg, TaskSource(cfg.task, cfg.seed))
     resumable = [v for v in weights.versions() if v == 0 or _state_path(paths, v).exists()]
     verified = None
@@ -171,44 +191,45 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             log.warning("version %d does not verify (%s); deleting it, trying the one before", v, e)
             weights.delete(v)
     if verified is not None:
-        model = load_model(str(verified), cfg.model.dtype)
+        state, optim = {}, None
         if v > 0:
             state = torch.load(_state_path(paths, v), weights_only=False)
-            opt_state, elapsed0 = state["optimizer"], state["elapsed_s"]
+            elapsed0 = state["elapsed_s"]
             carry = [[Sample(**x) for x in group] for group in state["carry"]]
             taken = state.get("taken", {})
             if "curriculum" in state:
                 curriculum.load_dict(state["curriculum"])
+            if "optimizer" not in state:
+                optim = str(optimizer_dir(paths, v))
+            elif policy.world > 1:
+                raise ConfigError(
+                    f"{_state_path(paths, v)} is from an older swarmrl (optimizer inside): "
+                    "resume it once with trainer.ranks = 1"
+                )
+        policy.start(str(verified), optim)
+        if "optimizer" in state:
+            policy.optimizer.load_state_dict(state["optimizer"])
         moved = client.call("POST", "/v1/trainer/resume", {"version": v})["returned"]
         if moved:
             log.info("%d rollout files of unfinished steps went back to the queue", moved)
         start = v + 1
         _truncate_metrics(paths["metrics"], v)
-        log.info("resuming after version %d", v)
+        log.info("resuming after version %d (%d trainer ranks)", v, policy.world)
     else:
         if resume:
             log.info("--resume given but no complete version exists; starting fresh")
-        model = load_model(cfg.model.path, cfg.model.dtype)
+        first = policy.start(cfg.model.path)
         paths["metrics"].unlink(missing_ok=True)
         if 0 not in weights.versions():
-            _publish(publisher, model, tokenizer, 0, announce)
+            _publish(publisher, policy.model, first, tokenizer, 0, announce)
         else:
             announce(0)
-    ref_model = None
-    if cfg.trainer.kl_coef > 0:
-        ref_model = load_model(cfg.model.path, cfg.model.dtype)
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=cfg.trainer.lr,
-        betas=cfg.trainer.betas,
-        weight_decay=cfg.trainer.weight_decay,
-    )
-    if opt_state is not None:
-        optimizer.load_state_dict(opt_state)
-    budget = (
-        cfg.trainer.token_budget
-        or cfg.trainer.batch_groups * cfg.worker.group_size * cfg.sampling.max_new_tokens
-    )
+    sync = None
+    if cfg.trainer.diloco.sites:  # join the other sites (healed from a peer if behind)
+        sync = PolicySync(cfg, policy.model, policy.world)
+        stack.callback(sync.close)
+        pending = sync.resume(start - 1) if start > 1 else False
+        sync.join(start - 1, pending)
     limits = Limits(
         max_prompt_tokens=cfg.sampling.max_prompt_tokens,
         max_completion_tokens=cfg.sampling.max_new_tokens,
@@ -236,13 +257,16 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             batch = collector.collect(step, cfg.trainer.batch_groups)
         except InterruptedError as e:  # the operator stopped the run: end it cleanly
             log.warning("step %d: %s; the trainer stops", step, e)
+            policy.stop()
             publisher.flush()
             return
         curriculum.observe(step, batch.outcomes)
         _open_step(client, curriculum, step + 1)
         t0 = time.time()
-        stats = grpo_update(model, ref_model, optimizer, batch.samples, cfg.trainer, budget, pad_id)
+        stats = policy.step(step, batch.samples)
         train_s = time.time() - t0
+        synced = sync.sync(step, True) if sync and sync.due(step) else None
+        snapshot = policy.snapshot()
         n = len(batch.samples)
         seq_tokens = sum(len(s.prompt_tokens) + len(s.completion_tokens) for s in batch.samples)
         trained_reward = sum(s.reward for s in batch.samples) / n
@@ -289,14 +313,16 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
             "train_s": train_s,
             "elapsed_s": time.time() - t_start,
         }
+        if sync:
+            row.update(sync_row(synced, sync.outer.outer_steps, sync.bytes_sent))
         with open(paths["metrics"], "a") as f:
             f.write(json.dumps(row) + "\n")
         state_file = _state_path(paths, step)
         tmp = state_file.with_suffix(".tmp")
+        policy.save(paths, step)  # the optimizer, by every rank, before the state that names it
         torch.save(
             {
                 "step": step,
-                "optimizer": optimizer.state_dict(),
                 "consumed": batch.consumed,
                 "carry": [[asdict(x) for x in group] for group in collector.carry],
                 "taken": collector.taken,
@@ -309,11 +335,14 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
 
         def after_publish(version: int) -> None:
             announce(version)
-            for old in paths["trainer_state"].glob("step_*.pt"):
-                if int(old.stem.split("_")[1]) < version - cfg.async_level:
-                    old.unlink(missing_ok=True)
+            for old in paths["trainer_state"].glob("step_*"):
+                if int(old.name[5:11]) < version - cfg.async_level:
+                    if old.is_dir():
+                        shutil.rmtree(old, ignore_errors=True)
+                    else:
+                        old.unlink(missing_ok=True)
 
-        _publish(publisher, model, tokenizer, step, after_publish)
+        _publish(publisher, policy.model, snapshot, tokenizer, step, after_publish)
         log.info(
             "step %d level %d reward %.3f loss %.4f grad %.3f staleness %.2f samples %d "
             "dropped %d signal %.2f wait %.1fs train %.1fs",
@@ -335,6 +364,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
                      step, row["elapsed_s"] / 60)  # fmt: skip
             break
 
+    policy.stop()
     publisher.flush()
     final = paths["run"] / "final"
     if final.exists():

@@ -224,3 +224,43 @@ def _pid_with(marker: bytes, runs: Path) -> int | None:
             if marker in argv and parent == launcher:
                 return int(pid)
     return None
+
+
+def test_rl_sites_sync_their_policies(tiny_model, tmp_path):
+    """`swarmrl rl` with trainer.diloco.sites = 2: two swarms (own orchestrator, trainer,
+    worker) on the tiny model whose trainers sync every 3 steps through the lighthouse.
+    Both sites train every step, both contribute to each sync, and the version published
+    after a sync is the same global policy, bit for bit, on both; between syncs they differ."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.integration.conftest import swarm_cmd
+
+    cmd = swarm_cmd(tmp_path, tiny_model, "name=dl", "trainer.steps=6", "trainer.diloco.sites=2",
+                    "trainer.diloco.inner_steps=3", "launcher.workers=1", "shardcast.relays=0",
+                    "validator.enabled=false")  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = tmp_path / "runs" / "dl"
+    sites = []
+    for k in (0, 1):
+        path = run / f"site-{k}" / "metrics.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        assert [r["step"] for r in rows] == list(range(1, 7))
+        synced = [(r["step"], r["sync_contributors"], r["outer_step"]) for r in rows if r["synced"]]
+        assert synced == [(3, 2, 1), (6, 2, 2)], synced
+        sites.append(rows)
+    assert sites[0][-1]["sync_bytes_total"] > 0
+
+    def weights(k: int, version: int) -> dict:
+        return load_file(
+            run / f"site-{k}" / "weights" / f"step_{version:06d}" / "model.safetensors"
+        )
+
+    def same(a: dict, b: dict) -> bool:
+        return all(torch.equal(a[n], b[n]) for n in a)
+
+    assert same(weights(0, 6), weights(1, 6))  # the global policy after the sync
+    assert not same(weights(0, 5), weights(1, 5))  # each site's own inner steps
+    assert (run / "reward.png").stat().st_size > 10_000
+    assert "site 1: 6 steps, 2 outer steps" in res.stdout

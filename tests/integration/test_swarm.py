@@ -359,3 +359,36 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
         elif name.startswith("worker-"):
             assert state[key][1] == 0.0 and state[key][0] != "ejected", (name, state[key])
     assert "ejected" in res.stdout
+
+
+def test_trainer_on_two_ranks_then_resumed_on_one(tiny_model, tmp_path):
+    """`trainer.ranks = 2`: the trainer runs under torchrun with FSDP2 over gloo and the
+    swarm trains; the finished run is extended with --resume on one rank, from the
+    optimizer checkpoint both ranks wrote (the update itself is compared with one rank's
+    in tests/unit/test_fsdp.py)."""
+    run = tmp_path / "runs" / "tiny"
+    res = subprocess.run(
+        swarm_cmd(tmp_path, tiny_model, "trainer.steps=4", "trainer.ranks=2"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert _steps(read_metrics(run)) == [1, 2, 3, 4]
+    log = (run / "logs" / "trainer.log").read_text()
+    assert "rank 1 of 2: policy loaded and sharded" in log and "rank 1: the run is over" in log
+    optim = run / "trainer_state" / "step_000004.optim"
+    assert sorted(p.name for p in optim.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    published = load_model(str(run / "final"))  # gathered from the shards, tied lm_head once
+    assert published.config.model_type == "llama"
+
+    res = subprocess.run(
+        swarm_cmd(tmp_path, tiny_model, "trainer.steps=6", "trainer.ranks=1", resume=True),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert _steps(read_metrics(run)) == list(range(1, 7))  # none lost, none repeated
+    log = (run / "logs" / "trainer.log").read_text()
+    assert "resuming after version 4 (1 trainer ranks)" in log

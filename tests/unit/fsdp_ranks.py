@@ -22,6 +22,7 @@ from swarmrl.trainer.fsdp import (  # noqa: E402
     save_checkpoint,
     shard,
 )
+from swarmrl.trainer.ranks import save_optimizer  # noqa: E402
 from swarmrl.trainer.step import grpo_update  # noqa: E402
 from tests.unit.fsdp_case import case  # noqa: E402
 
@@ -36,6 +37,7 @@ def main() -> None:
     weights = full_state_dict(model)
     if len(sys.argv) > 3:  # checkpoint after this update, then take one more
         save_checkpoint(model, opt, sys.argv[3])
+        save_optimizer(model, opt, Path(sys.argv[3]) / "optim")  # the trainer's kind
         grpo_update(model, None, opt, samples[::-1], cfg, budget, 0, rank, world)
         after = full_state_dict(model)
     if rank == 0:

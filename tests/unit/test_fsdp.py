@@ -80,3 +80,15 @@ def test_checkpoint_from_two_ranks_resumes_on_one(tmp_path):
     grpo_update(model, None, opt, samples[::-1], cfg, budget, 0)
     for name, w in model.state_dict().items():  # fresh AdamW state would step differently
         assert torch.allclose(w, two["after_second"][name], atol=5e-5, rtol=0), name
+
+    # The trainer's checkpoint: the optimizer alone (DCP, written by both ranks), the
+    # weights from the published version (here: the gathered state dict).
+    from swarmrl.trainer.ranks import load_optimizer
+
+    model, samples, cfg, budget = case()
+    model.load_state_dict(two["weights"], strict=False)  # tied lm_head: published once
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    load_optimizer(model, opt, tmp_path / "ckpt" / "optim")
+    grpo_update(model, None, opt, samples[::-1], cfg, budget, 0)
+    for name, w in model.state_dict().items():
+        assert torch.allclose(w, two["after_second"][name], atol=5e-5, rtol=0), name
