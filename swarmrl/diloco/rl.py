@@ -15,14 +15,13 @@ step) at the end. The trainers' side is trainer/diloco.py.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from swarmrl.config import RunConfig
 from swarmrl.diloco.launch import lighthouse_proc
-from swarmrl.launcher import LaunchError, Proc, _tail
+from swarmrl.launcher import LaunchError, Proc, _tail, prepare_run_dir
 
 MAX_RESTARTS = 2
 
@@ -85,16 +84,7 @@ def launch_sites(cfg: RunConfig, config_path: str | None, overrides: list[str], 
     d = cfg.trainer.diloco
     if cfg.trainer.ranks > 1:
         raise LaunchError("trainer.diloco needs trainer.ranks = 1 (one process per site)")
-    run = cfg.run_dir
-    if run.exists() and any(run.iterdir()):
-        if fresh:
-            shutil.rmtree(run)
-        elif not resume:
-            raise LaunchError(
-                f"run directory {run} already exists: pass --resume to continue it, "
-                f"--fresh to delete it, or choose another name with name=..."
-            )
-    (run / "logs").mkdir(parents=True, exist_ok=True)
+    run = prepare_run_dir(cfg, resume, fresh)
     server, lighthouse = lighthouse_proc(d, run)
     procs = [
         Proc(

@@ -58,11 +58,12 @@ class PolicySync:
         if not self.path.exists():
             return False
         sd = torch.load(self.path, weights_only=False)
-        self.outer.restore(sd, reset=False)
+        ahead = int(sd["step"]) > version  # died between a sync and its state file
+        self.outer.restore(sd, reset=ahead)  # then the policy is the newer global one
         self.last_sync = min(int(sd["step"]), version)
         log.info("DiLoCo: outer step %d restored (last sync after step %d)",
-                 self.outer.outer_steps, self.last_sync)  # fmt: skip
-        return version > self.last_sync
+                 self.outer.outer_steps, int(sd["step"]))  # fmt: skip
+        return not ahead and version > self.last_sync
 
     def join(self, step: int, has_delta: bool) -> SyncResult:
         """The first sync: repeated (each a no-op) until all `sites` are in one quorum or

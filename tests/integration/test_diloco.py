@@ -264,3 +264,17 @@ def test_rl_sites_sync_their_policies(tiny_model, tmp_path):
     assert not same(weights(0, 5), weights(1, 5))  # each site's own inner steps
     assert (run / "reward.png").stat().st_size > 10_000
     assert "site 1: 6 steps, 2 outer steps" in res.stdout
+
+    # Extended with --resume: the outer state comes back from trainer_state/diloco.pt
+    # (outer step 3 next, not 1) and the sites sync again at step 9.
+    more = [c for c in cmd if c != "trainer.steps=6"] + ["trainer.steps=9", "--resume"]
+    res = subprocess.run(more, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for k in (0, 1):
+        path = run / f"site-{k}" / "metrics.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        assert [r["step"] for r in rows] == list(range(1, 10))
+        assert (rows[-1]["synced"], rows[-1]["sync_contributors"], rows[-1]["outer_step"]) == (
+            True, 2, 3,
+        )  # fmt: skip
+    assert same(weights(0, 9), weights(1, 9))
