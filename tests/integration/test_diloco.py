@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import free_port, wait_for
 
 FAST = ["diloco.inner_steps=20", "diloco.heartbeat_timeout_s=2", "corpus.lines=4000"]
@@ -226,55 +228,63 @@ def _pid_with(marker: bytes, runs: Path) -> int | None:
     return None
 
 
+def _site_rows(run: Path, k: int) -> list[dict]:
+    path = run / f"site-{k}" / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _published(run: Path, k: int, version: int) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(run / f"site-{k}" / "weights" / f"step_{version:06d}" / "model.safetensors")
+
+
+def _same(a: dict, b: dict) -> bool:
+    import torch
+
+    return all(torch.equal(a[n], b[n]) for n in a)
+
+
+def _two_rl_sites(tmp_path: Path, model: Path, steps: int, resume: bool = False):
+    from tests.integration.conftest import swarm_cmd
+
+    cmd = swarm_cmd(tmp_path, model, "name=dl", f"trainer.steps={steps}",
+                    "trainer.diloco.sites=2", "trainer.diloco.inner_steps=3",
+                    "launcher.workers=1", "shardcast.relays=0", "validator.enabled=false",
+                    resume=False)  # fmt: skip
+    res = subprocess.run(cmd + (["--resume"] if resume else []), capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return tmp_path / "runs" / "dl", res
+
+
 def test_rl_sites_sync_their_policies(tiny_model, tmp_path):
     """`swarmrl rl` with trainer.diloco.sites = 2: two swarms (own orchestrator, trainer,
     worker) on the tiny model whose trainers sync every 3 steps through the lighthouse.
     Both sites train every step, both contribute to each sync, and the version published
     after a sync is the same global policy, bit for bit, on both; between syncs they differ."""
-    import torch
-    from safetensors.torch import load_file
-
-    from tests.integration.conftest import swarm_cmd
-
-    cmd = swarm_cmd(tmp_path, tiny_model, "name=dl", "trainer.steps=6", "trainer.diloco.sites=2",
-                    "trainer.diloco.inner_steps=3", "launcher.workers=1", "shardcast.relays=0",
-                    "validator.enabled=false")  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    run = tmp_path / "runs" / "dl"
-    sites = []
+    run, res = _two_rl_sites(tmp_path, tiny_model, 6)
     for k in (0, 1):
-        path = run / f"site-{k}" / "metrics.jsonl"
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        rows = _site_rows(run, k)
         assert [r["step"] for r in rows] == list(range(1, 7))
         synced = [(r["step"], r["sync_contributors"], r["outer_step"]) for r in rows if r["synced"]]
         assert synced == [(3, 2, 1), (6, 2, 2)], synced
-        sites.append(rows)
-    assert sites[0][-1]["sync_bytes_total"] > 0
-
-    def weights(k: int, version: int) -> dict:
-        return load_file(
-            run / f"site-{k}" / "weights" / f"step_{version:06d}" / "model.safetensors"
-        )
-
-    def same(a: dict, b: dict) -> bool:
-        return all(torch.equal(a[n], b[n]) for n in a)
-
-    assert same(weights(0, 6), weights(1, 6))  # the global policy after the sync
-    assert not same(weights(0, 5), weights(1, 5))  # each site's own inner steps
+        assert rows[-1]["sync_bytes_total"] > 0
+    assert _same(_published(run, 0, 6), _published(run, 1, 6))  # the global policy
+    assert not _same(_published(run, 0, 5), _published(run, 1, 5))  # each site's own steps
     assert (run / "reward.png").stat().st_size > 10_000
     assert "site 1: 6 steps, 2 outer steps" in res.stdout
 
-    # Extended with --resume: the outer state comes back from trainer_state/diloco.pt
-    # (outer step 3 next, not 1) and the sites sync again at step 9.
-    more = [c for c in cmd if c != "trainer.steps=6"] + ["trainer.steps=9", "--resume"]
-    res = subprocess.run(more, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+@pytest.mark.slow  # 100 s
+def test_rl_sites_resume_keeps_the_outer_state(tiny_model, tmp_path):
+    """Extended with --resume, the outer state comes back from trainer_state/diloco.pt
+    (outer step 3 next, not 1) and the two sites sync again at step 9."""
+    run, _ = _two_rl_sites(tmp_path, tiny_model, 6)
+    run, _ = _two_rl_sites(tmp_path, tiny_model, 9, resume=True)
     for k in (0, 1):
-        path = run / f"site-{k}" / "metrics.jsonl"
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        rows = _site_rows(run, k)
         assert [r["step"] for r in rows] == list(range(1, 10))
-        assert (rows[-1]["synced"], rows[-1]["sync_contributors"], rows[-1]["outer_step"]) == (
-            True, 2, 3,
-        )  # fmt: skip
-    assert same(weights(0, 9), weights(1, 9))
+        last = rows[-1]
+        assert (last["synced"], last["sync_contributors"], last["outer_step"]) == (True, 2, 3)
+    assert _same(_published(run, 0, 9), _published(run, 1, 9))
