@@ -288,3 +288,55 @@ def test_rl_sites_resume_keeps_the_outer_state(tiny_model, tmp_path):
         last = rows[-1]
         assert (last["synced"], last["sync_contributors"], last["outer_step"]) == (True, 2, 3)
     assert _same(_published(run, 0, 9), _published(run, 1, 9))
+
+
+@pytest.mark.slow  # 2-3 minutes
+def test_rl_site_killed_others_go_on_and_it_rejoins(tiny_model, tmp_path):
+    """SIGKILL site 1's trainer mid-run: site 0 syncs without it; the launcher restarts
+    site 1 with --resume, its trainer is healed from site 0 and contributes again."""
+    from tests.integration.conftest import swarm_cmd
+
+    run = tmp_path / "runs" / "dl"
+    cmd = swarm_cmd(tmp_path, tiny_model, "name=dl", "trainer.steps=15",
+                    "trainer.diloco.sites=2", "trainer.diloco.inner_steps=3",
+                    "trainer.diloco.heartbeat_timeout_s=2", "launcher.workers=1",
+                    "shardcast.relays=0", "validator.enabled=false")  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def site_rows(k: int) -> list[dict]:
+        return _site_rows(run, k) if (run / f"site-{k}" / "metrics.jsonl").exists() else []
+
+    try:
+        wait_for(lambda: len(site_rows(1)) >= 4, 300, "4 steps at site 1", proc)
+        marker = b"name=site-1"
+        pid = wait_for(lambda: _trainer_pid(marker), 10, "site 1's trainer")
+        os.kill(pid, signal.SIGKILL)
+        killed_at = len(site_rows(0))
+        outer_then = site_rows(0)[-1]["outer_step"]
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (out[-3000:], err[-3000:])
+    assert "site-1 exited with code 1" in out and "site-1: restarting" in out
+    alone = [r for r in site_rows(0)[killed_at:] if r["synced"] and r["sync_sites"] == 1]
+    assert alone, "site 0 did not sync on without site 1"
+    log = (run / "site-1" / "logs" / "trainer.log").read_text()
+    assert "recovered the global policy from a live peer" in log
+    for k in (0, 1):
+        assert [r["step"] for r in site_rows(k)] == list(range(1, 16))
+    both = [r["outer_step"] for r in site_rows(1) if r["synced"] and r["sync_contributors"] == 2]
+    assert any(o > outer_then + 1 for o in both), (outer_then, both)  # contributing again
+
+
+def _trainer_pid(marker: bytes) -> int | None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"trainer" in argv and marker in argv:
+            return int(pid)
+    return None
