@@ -32,6 +32,8 @@ from swarmrl.diloco.outer import OuterLoop, SyncResult
 
 log = logging.getLogger("swarmrl.trainer")
 
+START_SKEW_S = 30.0  # how long a starting site waits for the others to come up
+
 
 class PolicySync:
     def __init__(self, cfg: RunConfig, model, world: int):
@@ -67,10 +69,13 @@ class PolicySync:
 
     def join(self, step: int, has_delta: bool) -> SyncResult:
         """The first sync: repeated (each a no-op) until all `sites` are in one quorum or
-        join_timeout_s has passed, so that sites started together sync at the same steps
+        START_SKEW_S have passed, so that sites started together sync at the same steps
         from then on (a quorum forms from the sites already heartbeating; a site that
-        starts late would otherwise meet the others one round behind them)."""
-        deadline = time.monotonic() + self.cfg.join_timeout_s
+        starts a second late would otherwise meet the others one round behind them).
+        A site that joins a running run meets the others at their next sync (the
+        lighthouse waits for sites that heartbeat); one that finds them all gone goes
+        on alone after START_SKEW_S."""
+        deadline = time.monotonic() + min(START_SKEW_S, self.cfg.join_timeout_s)
         res = self.sync(step, has_delta)
         while res.sites < self.cfg.sites and time.monotonic() < deadline:
             time.sleep(1.0)
