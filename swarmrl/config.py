@@ -235,6 +235,13 @@ class LauncherConfig(_Section):
         5, ge=0, le=19, description="nice(1) increment of worker processes (trainer gets priority)."
     )
     progress_s: float = Field(1.0, gt=0.0, le=600.0, description="Progress refresh period.")
+    eval_problems: int = Field(
+        256,
+        ge=0,
+        le=100_000,
+        description="Held-out problems on which the summary scores the start and final "
+        "policies greedily (0: no held-out check).",
+    )
 
 
 class ShardcastConfig(_Section):

@@ -264,6 +264,7 @@ def summary_lines(cfg: RunConfig, run: Path, ledger: dict | None = None) -> list
         )
     if ledger is not None:
         out.append(ledger_line(ledger))
-    out.extend(held_out(cfg, run))
+    if cfg.launcher.eval_problems:
+        out.extend(held_out(cfg, run, cfg.launcher.eval_problems))
     out.append(f"metrics {run / 'metrics.jsonl'}, plot {run / 'report.png'}, model {run / 'final'}")
     return out

@@ -251,7 +251,7 @@ def _two_rl_sites(tmp_path: Path, model: Path, steps: int, resume: bool = False)
     cmd = swarm_cmd(tmp_path, model, "name=dl", f"trainer.steps={steps}",
                     "trainer.diloco.sites=2", "trainer.diloco.inner_steps=3",
                     "launcher.workers=1", "shardcast.relays=0", "validator.enabled=false",
-                    resume=False)  # fmt: skip
+                    "launcher.eval_problems=0", resume=False)  # fmt: skip
     res = subprocess.run(cmd + (["--resume"] if resume else []), capture_output=True,
                          text=True, timeout=600)  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -301,7 +301,8 @@ def test_rl_site_killed_others_go_on_and_it_rejoins(tiny_model, tmp_path):
     cmd = swarm_cmd(tmp_path, tiny_model, "name=dl", "trainer.steps=45",
                     "trainer.diloco.sites=2", "trainer.diloco.inner_steps=3",
                     "trainer.diloco.heartbeat_timeout_s=2", "launcher.workers=1",
-                    "shardcast.relays=0", "validator.enabled=false")  # fmt: skip
+                    "shardcast.relays=0", "validator.enabled=false",
+                    "launcher.eval_problems=0")  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def site_rows(k: int) -> list[dict]:

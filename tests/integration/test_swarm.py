@@ -368,7 +368,9 @@ def test_trainer_on_two_ranks_then_resumed_on_one(tiny_model, tmp_path):
     in tests/unit/test_fsdp.py)."""
     run = tmp_path / "runs" / "tiny"
     res = subprocess.run(
-        swarm_cmd(tmp_path, tiny_model, "trainer.steps=4", "trainer.ranks=2"),
+        swarm_cmd(
+            tmp_path, tiny_model, "trainer.steps=4", "trainer.ranks=2", "launcher.eval_problems=0"
+        ),
         capture_output=True,
         text=True,
         timeout=600,
@@ -383,7 +385,14 @@ def test_trainer_on_two_ranks_then_resumed_on_one(tiny_model, tmp_path):
     assert published.config.model_type == "llama"
 
     res = subprocess.run(
-        swarm_cmd(tmp_path, tiny_model, "trainer.steps=6", "trainer.ranks=1", resume=True),
+        swarm_cmd(
+            tmp_path,
+            tiny_model,
+            "trainer.steps=6",
+            "trainer.ranks=1",
+            "launcher.eval_problems=0",
+            resume=True,
+        ),
         capture_output=True,
         text=True,
         timeout=600,
