@@ -373,14 +373,14 @@ def launch(
     return code
 
 
-def _stop_all(procs: list[Proc], graceful: bool) -> None:
+def _stop_all(procs: list[Proc], graceful: bool, grace_s: float = GRACE_S) -> None:
     if graceful:  # workers exit by themselves once the trainer reports done
         deadline = time.time() + GRACE_S
         while time.time() < deadline and any(p.poll() is None for p in procs if p.exits_when_done):
             time.sleep(0.1)
     for p in procs:
         p.signal(signal.SIGTERM)
-    deadline = time.time() + GRACE_S
+    deadline = time.time() + grace_s
     while time.time() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.1)
     for p in procs:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from swarmrl.config import RunConfig
 from swarmrl.diloco.launch import lighthouse_proc
-from swarmrl.launcher import LaunchError, Proc, _tail, prepare_run_dir
+from swarmrl.launcher import LaunchError, Proc, _stop_all, _tail, prepare_run_dir
 
 MAX_RESTARTS = 2
 
@@ -134,7 +134,7 @@ def launch_sites(cfg: RunConfig, config_path: str | None, overrides: list[str], 
         print("\ninterrupted; stopping the sites", flush=True)
         failed = True
     finally:
-        _stop(procs)
+        _stop_all(procs, graceful=False, grace_s=60.0)  # each site's launcher stops its own
         server.signal(15)
     sites = [_rows(m) for m in metrics]
     print(("\n" if tty else "") + f"{progress_line(cfg, sites)} | {time.time() - t0:.0f}s")
@@ -146,17 +146,3 @@ def launch_sites(cfg: RunConfig, config_path: str | None, overrides: list[str], 
                   f"steps, reward first 5 steps {first:.3f} -> last 5 {last:.3f}")  # fmt: skip
     print(f"swarmrl: plot {write_plot(run, sites)}; final models in {run}/site-K/final")
     return 1 if failed else 0
-
-
-def _stop(procs: list[Proc]) -> None:
-    for p in procs:
-        p.signal(15)  # each site's launcher stops its own processes
-    deadline = time.time() + 60
-    while time.time() < deadline and any(p.poll() is None for p in procs):
-        time.sleep(0.2)
-    for p in procs:
-        p.signal(9)
-        if p.popen:
-            p.popen.wait()
-        if p.logf:
-            p.logf.close()

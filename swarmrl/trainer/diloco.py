@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import torch
 
@@ -131,7 +130,3 @@ def sync_row(res: SyncResult | None, outer_steps: int, bytes_sent: int) -> dict:
         "sync_s": res.seconds if res else 0.0,
         "sync_bytes_total": bytes_sent,
     }
-
-
-def site_dirs(run: Path, sites: int) -> list[Path]:
-    return [run / f"site-{k}" for k in range(sites)]

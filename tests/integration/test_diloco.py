@@ -23,20 +23,24 @@ def _rows(run: Path, site: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _site_pid(runs: Path, site: int) -> int | None:
+def _processes():
+    """(pid, argv as bytes) of every process we can read."""
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+        if pid.isdigit():
+            try:
+                yield int(pid), Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+
+
+def _site_pid(runs: Path, site: int) -> int | None:
+    for pid, argv in _processes():
         if (
             b"diloco-site" in argv
             and str(site).encode() == argv[argv.index(b"--site") + 1]
             and any(str(runs).encode() in a for a in argv)
         ):
-            return int(pid)
+            return pid
     return None
 
 
@@ -216,15 +220,13 @@ def _pid_with(marker: bytes, runs: Path) -> int | None:
     if site0 is None:
         return None
     launcher = int(Path(f"/proc/{site0}/stat").read_text().split()[3])
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-                parent = int(Path(f"/proc/{pid}/stat").read_text().split()[3])
-            except (OSError, ValueError):
-                continue
-            if marker in argv and parent == launcher:
-                return int(pid)
+    for pid, argv in _processes():
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().split()[3])
+        except (OSError, ValueError):
+            continue
+        if any(marker in a for a in argv) and parent == launcher:
+            return pid
     return None
 
 
@@ -311,7 +313,7 @@ def test_rl_site_killed_others_go_on_and_it_rejoins(tiny_model, tmp_path):
     try:
         wait_for(lambda: len(site_rows(1)) >= 4, 300, "4 steps at site 1", proc)
         marker = b"name=site-1"
-        pid = wait_for(lambda: _trainer_pid(marker), 10, "site 1's trainer")
+        pid = wait_for(lambda: _trainer_pid(marker, run), 10, "site 1's trainer")
         os.kill(pid, signal.SIGKILL)
         killed_at = len(site_rows(0))
         outer_then = site_rows(0)[-1]["outer_step"]
@@ -331,14 +333,9 @@ def test_rl_site_killed_others_go_on_and_it_rejoins(tiny_model, tmp_path):
     assert any(o > outer_then + 1 for o in both), (outer_then, both)  # contributing again
 
 
-def _trainer_pid(marker: bytes) -> int | None:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"trainer" in argv and marker in argv:
-            return int(pid)
+def _trainer_pid(marker: bytes, runs: Path) -> int | None:
+    """A trainer of this test's run whose argv holds `marker`."""
+    for pid, argv in _processes():
+        if b"trainer" in argv and marker in argv and any(str(runs).encode() in a for a in argv):
+            return pid
     return None
