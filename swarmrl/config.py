@@ -138,6 +138,24 @@ class SamplingConfig(_Section):
     )
 
 
+class InferenceConfig(_Section):
+    """[inference]: the engine a worker generates with (inference/backend.py)."""
+
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description="hf: swarmrl's sampling loop on transformers; vllm: vLLM's engine with "
+        "swarmrl's sampler and proofs (`make vllm`); auto: vllm where it is installed and a "
+        "CUDA GPU is present, else hf. A worker's --backend overrides it.",
+    )
+    max_batch: int = Field(256, ge=1, le=65536, description="Sequences generated at once.")
+    kv_cache_gb: int = Field(
+        2,
+        ge=1,
+        le=4096,
+        description="vllm on CPU: RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE, GiB).",
+    )
+
+
 class WorkerConfig(_Section):
     """Inference workers."""
 
@@ -365,6 +383,9 @@ class RunConfig(_Section):
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling.")
     worker: WorkerConfig = Field(default_factory=WorkerConfig, description="Workers.")
+    inference: InferenceConfig = Field(
+        default_factory=InferenceConfig, description="Generation engine."
+    )
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer.")
     launcher: LauncherConfig = Field(default_factory=LauncherConfig, description="Launcher.")
     shardcast: ShardcastConfig = Field(

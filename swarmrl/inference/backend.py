@@ -260,3 +260,43 @@ class HFBackend:
                 )
             del logits, hidden, states
             yield out
+
+
+VLLM_MISSING = (
+    "inference.backend = 'vllm' but vLLM is not installed: `make vllm` installs it "
+    "(see the README section 'vLLM backend')"
+)
+
+
+def resolve_backend(name: str) -> str:
+    """'hf' or 'vllm' for a configured name; 'auto' takes vLLM only where it is
+    installed and a CUDA GPU is present (on CPU its start-up and KV cache cost more
+    than they give a worker of the local swarm; choose it with 'vllm')."""
+    if name not in ("auto", "hf", "vllm"):
+        raise ValueError(f"unknown inference backend {name!r} (auto, hf or vllm)")
+    if name != "auto":
+        return name
+    import torch
+
+    from swarmrl.inference.vllm_backend import vllm_available
+
+    return "vllm" if torch.cuda.is_available() and vllm_available() else "hf"
+
+
+def make_backend(cfg, threads: int = 1, name: str | None = None):
+    """The generation backend of a worker: the one place it is chosen."""
+    inf = cfg.inference
+    which = resolve_backend(name or inf.backend)
+    if which == "hf":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return HFBackend(dtype=cfg.model.dtype, device=device, max_batch=inf.max_batch)
+    from swarmrl.inference.vllm_backend import VLLMBackend, vllm_available
+
+    if not vllm_available():
+        raise RuntimeError(VLLM_MISSING)
+    return VLLMBackend(
+        dtype=cfg.model.dtype, max_batch=inf.max_batch, kv_cache_gb=inf.kv_cache_gb,
+        threads=threads,
+    )  # fmt: skip

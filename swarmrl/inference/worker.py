@@ -34,7 +34,7 @@ from pathlib import Path
 
 from swarmrl.config import RunConfig
 from swarmrl.inference.assigned import AssignedPrompt, assigned_prompts
-from swarmrl.inference.backend import Completion, HFBackend
+from swarmrl.inference.backend import Completion, make_backend, resolve_backend
 from swarmrl.inference.rollouts import write_rollouts
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.models.prompting import decode_completion
@@ -213,7 +213,10 @@ def _node_config(params: dict, home: Path, client: OrchestratorClient) -> RunCon
     return cfg
 
 
-def run_worker(url: str, home: Path, cheat: str | None = None, threads: int = 1) -> None:
+def run_worker(
+    url: str, home: Path, cheat: str | None = None, threads: int = 1, backend: str | None = None
+) -> None:
+    """`backend` overrides the run's `inference.backend` (this machine's choice)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -238,10 +241,16 @@ def run_worker(url: str, home: Path, cheat: str | None = None, threads: int = 1)
     else:  # one machine without SHARDCAST: the trainer's directory, named by the operator
         weights = LocalWeights(cfg.run_paths()["weights"])
     source = TaskSource(cfg.task, cfg.seed)
-    backend = HFBackend(dtype=cfg.model.dtype)
+    which = resolve_backend(backend or cfg.inference.backend)
+    if cheat and which != "hf":
+        raise ValueError("--cheat runs on the hf backend only (the cheats edit its model)")
+    backend = make_backend(cfg, threads, which)
     tokenizer = None
     loaded: int | None = None
-    log.info("node %s (%s) joining run %s at %s", node, how.name, params["run_id"], url)
+    log.info(
+        "node %s (%s, %s backend) joining run %s at %s", node, how.name, which,
+        params["run_id"], url,
+    )  # fmt: skip
 
     def register(c: OrchestratorClient = client) -> None:
         r = c.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": hardware})

@@ -72,14 +72,44 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
+_LOW = {k: (1 << (64 - k)) - 1 for k in (11, 27, 30, 31)}  # masks of the logical shifts
+_NOISE_BLOCK = 1 << 18  # noise elements computed at once: 2 MB of int64, cache-sized
+_TOKEN_KEYS: dict[tuple[int, str], torch.Tensor] = {}  # (v + 1) * golden, per vocab and device
+
+
+def _mix_(z: torch.Tensor) -> torch.Tensor:
+    """`_mix` in place (the same operations, no temporaries per step)."""
+    for k, m in ((30, _M1), (27, _M2)):
+        t = z >> k
+        z ^= t.bitwise_and_(_LOW[k])
+        z *= m
+    z ^= (z >> 31).bitwise_and_(_LOW[31])
+    return z
+
+
 def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Noise g of shape (n, vocab) for n (seed, position) pairs, float32."""
+    """Noise g of shape (n, vocab) for n (seed, position) pairs, float32.
+
+    Computed a few rows at a time, in place: the values are those of the formula in
+    the module docstring, bit for bit (a test keeps a plain version of it), and a
+    batch of 256 rows over a 49k vocabulary takes about a tenth of the time the
+    whole-array version took (which streamed 100 MB temporaries per operation)."""
     device = seeds.device
     base = _mix(seeds.to(torch.int64) + positions.to(device=device, dtype=torch.int64) * _GOLDEN)
-    v = torch.arange(1, vocab + 1, dtype=torch.int64, device=device) * _GOLDEN
-    z = _mix(base[:, None] ^ v[None, :])
-    u = (_shr(z, 11).to(torch.float64) + 0.5) * (2.0**-53)
-    return (-torch.log(-torch.log(u))).to(torch.float32)
+    keys = _TOKEN_KEYS.get((vocab, str(device)))
+    if keys is None:
+        keys = torch.arange(1, vocab + 1, dtype=torch.int64, device=device) * _GOLDEN
+        _TOKEN_KEYS[(vocab, str(device))] = keys
+    out = torch.empty((len(base), vocab), dtype=torch.float32, device=device)
+    rows = max(1, _NOISE_BLOCK // vocab)
+    for s in range(0, len(base), rows):
+        z = _mix_(base[s : s + rows, None] ^ keys[None, :])
+        z >>= 11
+        u = z.bitwise_and_(_LOW[11]).to(torch.float64)
+        del z
+        u.add_(0.5).mul_(2.0**-53)
+        out[s : s + rows] = u.log_().neg_().log_().neg_()
+    return out
 
 
 def nucleus_mask(scaled: torch.Tensor, top_p: float, slack: float = 0.0) -> torch.Tensor:

@@ -53,6 +53,8 @@ def _agree(run: Path, sites: list[int]) -> None:
     assert by_step and all(len(v) == 1 for v in by_step.values()), by_step
 
 
+@pytest.mark.slow  # 35 s; the RL site-kill test covers the same path (also slow), the
+# allreduce death and asynchronous-checkpoint resume tests stay in the default run
 def test_site_killed_others_go_on_and_restarted_site_recovers(tmp_path):
     """SIGKILL one of three sites mid-run: the other two commit outer steps without it;
     the launcher restarts it, it takes the global state from a live peer, contributes
@@ -183,6 +185,7 @@ def test_resume_from_asynchronous_checkpoints(tmp_path):
     _agree(run, [0, 1])
 
 
+@pytest.mark.slow  # 44 s (moved out of the default run when the vLLM tests came in)
 def test_lighthouse_killed_run_recovers_from_checkpoints(tmp_path):
     """SIGKILL the lighthouse mid-run: the launcher restarts it on its port; the quorum
     requests in flight time out (diloco.quorum_timeout_s), the sites exit, and the

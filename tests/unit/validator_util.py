@@ -54,13 +54,15 @@ class Maker:
     the sampler state issued for every step (recorded where validators read it, as
     the trainer does)."""
 
-    def __init__(self, cfg, tmp: Path, name: str = "node", max_batch: int = 256, state=None):
+    def __init__(
+        self, cfg, tmp: Path, name: str = "node", max_batch: int = 256, state=None, backend=None
+    ):
         self.cfg = cfg
         self.state = state or SamplerState()
         self.node = public_key_hex(load_or_create_key(tmp / "keys" / f"{name}.key"))
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.source = TaskSource(cfg.task, cfg.seed)
-        self.backend = HFBackend(max_batch=max_batch)
+        self.backend = backend or HFBackend(max_batch=max_batch)
         self.backend.load(Path(cfg.model.path))
         self.counter = 0
 

@@ -1,0 +1,74 @@
+"""Run by test_vllm_backend.py in a process of its own (vLLM's CPU worker takes over
+the process's thread settings): files and completions made with the vLLM backend.
+
+    python -m tests.unit.vllm_files TMP MODEL OTHER_MODEL
+
+writes TMP/vllm.json: an honest file, a file generated with OTHER_MODEL's weights
+swapped in (and claimed as MODEL's), completions of fixed prompts and seeds under
+two samplers before and after the swap back, and the swap times.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+
+PROMPTS = ["abc", "hello", "swarm", "reverse me", "xyzzy", "a", "tokens!", "qwertyuiop"]
+SAMPLERS = [(1.0, 1.0), (0.7, 0.9)]
+
+
+def completions(backend, tokenizer) -> dict:
+    from swarmrl.models.prompting import encode_prompt, prompt_text
+
+    prompts = [encode_prompt(tokenizer, prompt_text(p, 0)) for p in PROMPTS for _ in range(4)]
+    seeds = list(range(100, 100 + len(prompts)))
+    out = {"prompts": prompts, "seeds": seeds}
+    for t, p in SAMPLERS:
+        got = backend.generate(prompts, seeds, 40, t, p)
+        out[f"{t},{p}"] = [[c.tokens, c.logprobs, c.finished] for c in got]
+    return out
+
+
+def one_token_changed():
+    """A worker that generates honestly with vLLM, then changes one token in the middle
+    of its longest completion (text and reward are scored from the changed tokens)."""
+    from swarmrl.inference.worker import Honest
+
+    class OneTokenChanged(Honest):
+        def complete(self, cfg, backend, plan):
+            out = super().complete(cfg, backend, plan)
+            c = max(out, key=lambda c: len(c.tokens))
+            i = len(c.tokens) // 2
+            c.tokens[i] = (c.tokens[i] + 7) % 90 + 3
+            return out
+
+    return OneTokenChanged()
+
+
+def main(tmp: Path, model: Path, other: Path) -> None:
+    from swarmrl.inference.vllm_backend import VLLMBackend
+    from tests.unit.validator_util import Maker, small_run
+
+    cfg = small_run(tmp, model)
+    backend = VLLMBackend(kv_cache_gb=1, threads=1, max_model_len=256)
+    maker = Maker(cfg, tmp, name="vllm-worker", backend=backend)
+    report: dict = {}
+    key, data = maker.file()
+    report["honest"] = [key, base64.b64encode(data).decode()]
+    key, data = maker.file(one_token_changed())
+    report["one_token"] = [key, base64.b64encode(data).decode()]
+    report["before"] = completions(backend, maker.tokenizer)
+    backend.load(other)
+    report["swap_s"] = [backend.swap_s]
+    key, data = maker.file()
+    report["other_model"] = [key, base64.b64encode(data).decode()]
+    backend.load(model)
+    report["swap_s"].append(backend.swap_s)
+    report["after"] = completions(backend, maker.tokenizer)
+    (tmp / "vllm.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
