@@ -192,11 +192,15 @@ def main() -> None:
         }
         row["goal_3x_with_proofs"] = all(row[f"batch{b}_proofs"]["ratio"] >= 3.0 for b in BATCHES)
         result["models"][name] = row
+        if not all(v["same_tokens"] for k, v in row.items() if k.startswith("batch")):
+            result["error"] = f"{name}: the backends generated different tokens (see same_tokens)"
         print(f"{name}: {json.dumps(row)}", file=sys.stderr)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
+    if "error" in result:  # the ratios are not of equal work
+        sys.exit(result["error"])
 
 
 if __name__ == "__main__":

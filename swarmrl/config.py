@@ -152,7 +152,15 @@ class InferenceConfig(_Section):
         2,
         ge=1,
         le=4096,
-        description="vllm on CPU: RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE, GiB).",
+        description="vllm on CPU: RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE, GiB, unless "
+        "that variable is set).",
+    )
+    gpu_memory: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="vllm on CUDA: fraction of the GPU's memory the engine may take "
+        "(lower it when several workers or the trainer share one GPU).",
     )
 
 

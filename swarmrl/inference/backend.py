@@ -298,5 +298,5 @@ def make_backend(cfg, threads: int = 1, name: str | None = None):
         raise RuntimeError(VLLM_MISSING)
     return VLLMBackend(
         dtype=cfg.model.dtype, max_batch=inf.max_batch, kv_cache_gb=inf.kv_cache_gb,
-        threads=threads,
+        threads=threads, gpu_memory=inf.gpu_memory,
     )  # fmt: skip

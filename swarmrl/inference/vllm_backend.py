@@ -28,8 +28,10 @@ Weights are swapped in place with the model runner's `reload_weights`
 (vLLM's CPU backend repacks linear weights, so loading into the module
 directly is wrong), then the prefix cache is reset. vLLM's own weight
 checksums are empty on its CPU build, so `load` compares the engine's
-unpacked tensors (embeddings, norms) with the files it just loaded: a reload
-that silently kept the old version fails there.
+unpacked tensors (the norms, and the embedding rows without vLLM's vocabulary
+padding) with the files it just loaded: a reload that silently kept the old
+version fails there. The linear layers, repacked, are not compared; a wrong
+one would fail the validator's proofs.
 
 vLLM's CPU worker replaces `torch.set_num_threads` for the whole process:
 run this backend in a process of its own (a worker is one).
@@ -127,8 +129,10 @@ def _processor_class():
                 return logits
             hidden = REGISTRY.take_hidden(logits.shape[0])
             groups: dict[tuple[float, float], list[tuple[int, str, int]]] = {}
-            for i, key, pos in mine:
-                s = REGISTRY.samples[key]
+            for i, key, pos in list(mine):
+                s = REGISTRY.samples.get(key)
+                if s is None:  # left in the engine by a call that failed: not sampled by us
+                    continue
                 groups.setdefault((s.temperature, s.top_p), []).append((i, key, pos))
             for (temperature, top_p), rows in groups.items():
                 idx = torch.tensor([r[0] for r in rows], device=logits.device)
@@ -204,8 +208,10 @@ class VLLMBackend:
         kv_cache_gb: int = 2,
         threads: int | None = None,
         max_model_len: int | None = None,
+        gpu_memory: float = 0.9,
     ):
         self.dtype = dtype
+        self.gpu_memory = gpu_memory
         self.max_batch = max_batch
         self.kv_cache_gb = kv_cache_gb
         self.threads = threads
@@ -218,6 +224,9 @@ class VLLMBackend:
 
     def _environment(self) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # The logits processor is a V1 one: vLLM 0.32's V2 model runner (its default
+        # where Triton has a GPU backend) accepts only its own processor class.
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         if not torch.cuda.is_available():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(self.kv_cache_gb)))
             if self.threads:
@@ -234,7 +243,8 @@ class VLLMBackend:
         else:
             t0 = time.perf_counter()
             self.llm.collective_rpc(_reload, args=(str(path),))
-            self.llm.reset_prefix_cache()
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM could not reset its prefix cache after a weights swap")
             self.swap_s = time.perf_counter() - t0
         self._verify(path)
 
@@ -250,6 +260,8 @@ class VLLMBackend:
         kwargs = {}
         if self.max_model_len:
             kwargs["max_model_len"] = self.max_model_len
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = self.gpu_memory
         self.llm = LLM(
             model=str(path),
             dtype=self.dtype,
@@ -272,8 +284,11 @@ class VLLMBackend:
         checked = 0
         for name, tensor in engine.items():
             mine = files.get(name)
-            if mine is None or mine.shape != tensor.shape:
+            if mine is None or mine.dim() != tensor.dim() or mine.shape[1:] != tensor.shape[1:]:
                 continue
+            if mine.shape[0] > tensor.shape[0]:
+                continue
+            tensor = tensor[: mine.shape[0]]  # vLLM pads the vocabulary rows
             checked += 1
             if not torch.equal(mine.to(torch.float32).to(tensor.dtype), tensor):
                 raise RuntimeError(f"{path}: vLLM did not load {name} (the engine's differs)")
@@ -296,7 +311,8 @@ class VLLMBackend:
             SamplingParams(
                 temperature=0.0,
                 max_tokens=max_new_tokens,
-                stop_token_ids=[self.eos_id],
+                stop_token_ids=[self.eos_id],  # the HF rule: this one token ends a sample,
+                ignore_eos=True,  # not the other EOS ids a generation_config may list
                 detokenize=False,
                 extra_args={EXTRA_KEY: key},
             )
@@ -306,12 +322,12 @@ class VLLMBackend:
             outs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
             )
-            return self._collect(outs, keys, proofs)
+            return self._collect(outs, keys, proofs, max_new_tokens)
         finally:
             for key in keys:
                 REGISTRY.samples.pop(key, None)
 
-    def _collect(self, outs, keys, proofs) -> list[Completion]:
+    def _collect(self, outs, keys, proofs, max_new_tokens) -> list[Completion]:
         done, hidden = [], []
         for out, key in zip(outs, keys, strict=True):
             s = REGISTRY.samples[key]
@@ -324,6 +340,11 @@ class VLLMBackend:
                     f"choose {recorded[:8]}...: its logits processors ran differently"
                 )
             finished = n > 0 and tokens[-1] == self.eos_id
+            if not finished and n < max_new_tokens:
+                raise RuntimeError(
+                    f"vLLM stopped a sample after {n} of {max_new_tokens} tokens without EOS "
+                    f"({out.outputs[0].finish_reason}): raise the engine's max_model_len"
+                )
             done.append(Completion(tokens, [s.logprobs[t] for t in range(n)], finished))
             if proofs:
                 missing = [t for t in range(n) if t not in s.hidden]

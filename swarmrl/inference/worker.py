@@ -242,8 +242,9 @@ def run_worker(
         weights = LocalWeights(cfg.run_paths()["weights"])
     source = TaskSource(cfg.task, cfg.seed)
     which = resolve_backend(backend or cfg.inference.backend)
-    if cheat and which != "hf":
-        raise ValueError("--cheat runs on the hf backend only (the cheats edit its model)")
+    if cheat and which != "hf":  # the cheats edit the HF model (and generate with it)
+        log.info("--cheat %s: generating with the hf backend, not %s", cheat, which)
+        which = "hf"
     backend = make_backend(cfg, threads, which)
     tokenizer = None
     loaded: int | None = None

@@ -101,7 +101,8 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> to
         keys = torch.arange(1, vocab + 1, dtype=torch.int64, device=device) * _GOLDEN
         _TOKEN_KEYS[(vocab, str(device))] = keys
     out = torch.empty((len(base), vocab), dtype=torch.float32, device=device)
-    rows = max(1, _NOISE_BLOCK // vocab)
+    # On a CPU, blocks that fit the cache; on a GPU, one launch sequence for the batch.
+    rows = max(1, _NOISE_BLOCK // vocab) if device.type == "cpu" else len(base)
     for s in range(0, len(base), rows):
         z = _mix_(base[s : s + rows, None] ^ keys[None, :])
         z >>= 11

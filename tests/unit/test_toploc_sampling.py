@@ -42,6 +42,15 @@ def test_noise_is_the_documented_formula_bit_for_bit():
         u = (low(z, 11).to(torch.float64) + 0.5) * (2.0**-53)
         plain = (-torch.log(-torch.log(u))).to(torch.float32)
         assert torch.equal(gumbel_noise(seeds, pos, vocab), plain)
+    # Golden values (float32, from the first implementation): the formula itself must
+    # not drift, or validators would reject the files of workers on another version.
+    g = gumbel_noise(torch.tensor([0, 12345, 2**61 + 7]), torch.tensor([0, 3, 4095]), 49152)
+    golden = [
+        [2.086843729019165, 0.17385007441043854, -0.4539150893688202, 0.7244889736175537],
+        [-1.2563481330871582, -0.8012903928756714, 1.2707065343856812, 0.6162629127502441],
+        [0.7789883017539978, 2.255561351776123, 2.680138349533081, 2.5813968181610107],
+    ]
+    assert g[:, [0, 1, 99, 49151]].tolist() == golden
 
 
 def test_noise_is_standard_gumbel():

@@ -108,6 +108,8 @@ def test_weights_swap_in_place_and_back(made):
     """Another model's weights swapped into the running engine change its output;
     swapping the policy back gives the first completions again, token for token."""
     _, _, report = made
-    assert report["after"] == report["before"]
+    assert report["other"] != report["before"]  # the swap took effect
+    for sampler in ("1.0,1.0", "0.7,0.9"):
+        assert report["other"][sampler] != report["before"][sampler]
+    assert report["after"] == report["before"]  # and swapping back restores the policy
     assert all(0 < s < 30 for s in report["swap_s"])
-    assert _file(report, "other_model")[1] != _file(report, "honest")[1]

@@ -62,6 +62,7 @@ def main(tmp: Path, model: Path, other: Path) -> None:
     report["before"] = completions(backend, maker.tokenizer)
     backend.load(other)
     report["swap_s"] = [backend.swap_s]
+    report["other"] = completions(backend, maker.tokenizer)
     key, data = maker.file()
     report["other_model"] = [key, base64.b64encode(data).decode()]
     backend.load(model)
