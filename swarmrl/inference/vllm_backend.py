@@ -181,13 +181,30 @@ def _reload(worker, path: str) -> None:
     worker.model_runner.reload_weights(weights_path=path)
 
 
-def _unpacked_tensors(worker) -> dict[str, torch.Tensor]:
-    """The engine's 1-D parameters and embeddings (kept as loaded on every backend)."""
-    out = {}
-    for name, p in worker.model_runner.get_model().named_parameters():
-        if p.dim() == 1 or name.endswith("embed_tokens.weight"):
-            out[name] = p.detach().to("cpu", torch.float32).clone()
-    return out
+def _check_loaded(worker, path: str) -> tuple[int, list[str]]:
+    """Runs inside vLLM's worker: compare the engine's 1-D parameters and embedding
+    rows (kept as loaded on every backend; vLLM pads the vocabulary rows) with the
+    files, reading only those tensors. Returns (tensors compared, names that differ)."""
+    from safetensors import safe_open
+
+    params = {
+        name: p
+        for name, p in worker.model_runner.get_model().named_parameters()
+        if p.dim() == 1 or name.endswith("embed_tokens.weight")
+    }
+    checked, differ = 0, []
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in params.keys() & set(st.keys()):
+                mine, p = st.get_tensor(name), params[name].detach()
+                if mine.dim() != p.dim() or mine.shape[1:] != p.shape[1:]:
+                    continue
+                if mine.shape[0] > p.shape[0]:
+                    continue
+                checked += 1
+                if not torch.equal(mine.to(device=p.device, dtype=p.dtype), p[: mine.shape[0]]):
+                    differ.append(name)
+    return checked, differ
 
 
 def vllm_available() -> bool:
@@ -275,23 +292,9 @@ class VLLMBackend:
         log.info("vLLM engine on %s (hidden-state hook on %s)", path, names[0])
 
     def _verify(self, path: Path) -> None:
-        from safetensors.torch import load_file
-
-        files: dict[str, torch.Tensor] = {}
-        for f in sorted(path.glob("*.safetensors")):
-            files.update(load_file(str(f)))
-        engine = self.llm.collective_rpc(_unpacked_tensors)[0]
-        checked = 0
-        for name, tensor in engine.items():
-            mine = files.get(name)
-            if mine is None or mine.dim() != tensor.dim() or mine.shape[1:] != tensor.shape[1:]:
-                continue
-            if mine.shape[0] > tensor.shape[0]:
-                continue
-            tensor = tensor[: mine.shape[0]]  # vLLM pads the vocabulary rows
-            checked += 1
-            if not torch.equal(mine.to(torch.float32).to(tensor.dtype), tensor):
-                raise RuntimeError(f"{path}: vLLM did not load {name} (the engine's differs)")
+        checked, differ = self.llm.collective_rpc(_check_loaded, args=(str(path),))[0]
+        if differ:
+            raise RuntimeError(f"{path}: vLLM did not load {differ[:3]} (the engine's differ)")
         if checked == 0:
             raise RuntimeError(f"{path}: no engine parameter could be compared with the files")
 
