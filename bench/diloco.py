@@ -110,9 +110,9 @@ class StaticManager:
 
 
 def _setup(args, rank):
+    from swarmrl.apps.pretrain.site import build_site
     from swarmrl.config import load_config
-    from swarmrl.config_diloco import PretrainConfig
-    from swarmrl.diloco.site import build_site
+    from swarmrl.config.pretrain import PretrainConfig
 
     overrides = [f"outer_steps={args.outer_steps}", f"diloco.inner_steps={args.inner_steps}",
                  f"seed={args.seed}", f"sites={args.sites}", *args.overrides]  # fmt: skip
@@ -126,7 +126,7 @@ def _inner_step(model, shard, gen, inner, cfg, step: int, link=None) -> float:
     import torch
     from torch.distributed.distributed_c10d import AllreduceOptions, ReduceOp
 
-    from swarmrl.diloco.site import inner_lr, lm_loss
+    from swarmrl.apps.pretrain.site import inner_lr, lm_loss
 
     for group in inner.param_groups:
         group["lr"] = inner_lr(cfg, step)
@@ -155,8 +155,8 @@ def _inner_step(model, shard, gen, inner, cfg, step: int, link=None) -> float:
 def _train(args, rank, world, pg, method: str, steps: int, bytes_per_s: float = 0.0) -> dict:
     import torch.distributed as dist
 
+    from swarmrl.apps.pretrain.site import eval_loss
     from swarmrl.diloco.outer import OuterLoop
-    from swarmrl.diloco.site import eval_loss
 
     cfg, model, shard, evals, inner, gen = _setup(args, rank)
     link = CountingLink(pg, world, bytes_per_s)

@@ -176,8 +176,8 @@ def run_trl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
     from trl import GRPOConfig, GRPOTrainer
 
     from swarmrl.models.loading import load_model, load_tokenizer
-    from swarmrl.tasks.dataset import TaskSource
-    from swarmrl.tasks.verifiers import verify
+    from swarmrl.tasks.graders.registry import verify
+    from swarmrl.tasks.sources.task_source import TaskSource
 
     torch.set_num_threads(args.trl_threads)
     tc, G, B = cfg.trainer, cfg.worker.group_size, cfg.trainer.batch_groups

@@ -56,7 +56,7 @@ def prompts_for(spec: dict, n: int) -> list[list[int]]:
     from swarmrl.config import load_config
     from swarmrl.models.loading import load_tokenizer
     from swarmrl.models.prompting import encode_prompt, prompt_text
-    from swarmrl.tasks.dataset import TaskSource
+    from swarmrl.tasks.sources.task_source import TaskSource
 
     cfg = load_config(str(ROOT / spec["config"]), [])
     source = TaskSource(cfg.task, cfg.seed)
@@ -74,11 +74,11 @@ def child(engine: str, spec: dict, threads: int, reps: int) -> dict:
 
     torch.set_num_threads(threads)
     if engine == "hf":
-        from swarmrl.inference.backend import HFBackend
+        from swarmrl.inference.hf import HFBackend
 
         backend = HFBackend(max_batch=max(BATCHES))
     else:
-        from swarmrl.inference.vllm_backend import VLLMBackend
+        from swarmrl.inference.vllm import VLLMBackend
 
         backend = VLLMBackend(max_batch=max(BATCHES), threads=threads, kv_cache_gb=4)
     t0 = time.perf_counter()
@@ -151,7 +151,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, json.loads(args.spec), args.threads, args.reps)))
         return
-    from swarmrl.inference.vllm_backend import vllm_available
+    from swarmrl.inference.vllm import vllm_available
 
     if not vllm_available():
         print(json.dumps({"skipped": "vLLM is not installed (make vllm)"}))

@@ -36,11 +36,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swarmrl.inference.backend import HFBackend  # noqa: E402
-from swarmrl.inference.rollouts import read_rollouts  # noqa: E402
+from bench.rollout_files import Maker, make_judge, small_run  # noqa: E402
+from swarmrl.inference.hf import HFBackend  # noqa: E402
+from swarmrl.protocol.rollouts import read_rollouts  # noqa: E402
 from swarmrl.toploc.proof import CHUNK, build_proofs_many, check_proofs_many  # noqa: E402
 from swarmrl.validator.checks import check_with_model  # noqa: E402
-from tests.unit.validator_util import Maker, make_judge, small_run  # noqa: E402
 
 TINY = ROOT / "models" / "tiny-reverse_text"
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 def _batch(cfg, tok, groups: int, completion: int, seed: int):
     from swarmrl.models.prompting import encode_prompt, prompt_text
-    from swarmrl.tasks.dataset import TaskSource
+    from swarmrl.tasks.sources.task_source import TaskSource
     from swarmrl.trainer.batch import Sample
 
     source = TaskSource(cfg.task, cfg.seed)

@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swarmrl.tasks.mathcheck import MathChecker, equivalent  # noqa: E402
+from swarmrl.tasks.graders.math import MathChecker, equivalent  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE_FILE = ROOT / "data" / "code_examples.jsonl"
@@ -117,8 +117,8 @@ def main() -> None:
 def _bare(program: str, test: dict, flags: tuple = ()) -> bool:
     import subprocess
 
-    from swarmrl.tasks.codecheck import _lines
-    from swarmrl.tasks.sandbox import assert_program
+    from swarmrl.tasks.graders.code import _lines
+    from swarmrl.tasks.graders.sandbox import assert_program
 
     if "assert" in test:
         code, _ = assert_program(program, test["assert"])
@@ -131,8 +131,8 @@ def _bare(program: str, test: dict, flags: tuple = ()) -> bool:
 
 
 def code_bench(repeat: int) -> dict:
-    from swarmrl.tasks.codecheck import CodeSettings, _limits, _passes
-    from swarmrl.tasks.sandbox import namespaces_available
+    from swarmrl.tasks.graders.code import CodeSettings, _limits, _passes
+    from swarmrl.tasks.graders.sandbox import namespaces_available
 
     rows = [json.loads(line) for line in CODE_FILE.read_text().splitlines()][::10]
     cases = [(r["metadata"]["reference"], t, r["verification_info"]) for r in rows
@@ -169,13 +169,13 @@ def validator_bench() -> dict:
     import torch
 
     from swarmrl.config import load_config
-    from swarmrl.inference.backend import HFBackend
+    from swarmrl.inference.hf import HFBackend
     from swarmrl.inference.worker import build_rows
     from swarmrl.models.loading import load_tokenizer
     from swarmrl.protocol.assign import Assignment
-    from swarmrl.tasks.curriculum import SamplerState
-    from swarmrl.tasks.dataset import TaskSource
-    from swarmrl.tasks.verifiers import configure, verify
+    from swarmrl.protocol.sampler import SamplerState
+    from swarmrl.tasks.graders.registry import configure, verify
+    from swarmrl.tasks.sources.task_source import TaskSource
     from swarmrl.validator.checks import check_with_model
     from swarmrl.validator.loop import make_context
 
@@ -201,7 +201,7 @@ def validator_bench() -> dict:
     t0 = time.perf_counter()
     own = [verify(tasks[r["problem_id"]], r["completion"]) for r in rows]
     own_s = time.perf_counter() - t0
-    from swarmrl.tasks.codecheck import _graded
+    from swarmrl.tasks.graders.code import _graded
 
     t0 = time.perf_counter()
     ref = []

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-EXIT_REFUSED = 3  # a worker the orchestrator ejected, banned or turned away
+from swarmrl.errors import EXIT_REFUSED
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -182,8 +182,8 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from swarmrl.apps.config_docs import config_docs
     from swarmrl.config import ConfigError, load_config
-    from swarmrl.config_docs import config_docs
     from swarmrl.models.loading import ModelLoadError
     from swarmrl.protocol.identity import IdentityError
     from swarmrl.shardcast.servers import ShardcastError
@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "init-model":
             _setup_logging()
+            from swarmrl.apps.warm_start import Band
             from swarmrl.models.tiny import init_model
-            from swarmrl.models.warm_start import Band
 
             if not 0.0 < args.target < 1.0 or not 0.0 < args.tolerance < 0.5:
                 print("error: --target must be in (0, 1) and --tolerance in (0, 0.5)")
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 0 if res.in_band else 1
         if args.command == "eval":
-            from swarmrl.evaluate import evaluate
+            from swarmrl.apps.evaluate import evaluate
 
             run_cfg = load_config(args.config, args.overrides)
             task = run_cfg.task
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
             return 0
         if args.command == "filter":
-            from swarmrl.filter import FilterError, run_filter
+            from swarmrl.apps.filter import FilterError, run_filter
 
             try:
                 res = run_filter(
@@ -299,27 +299,27 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_REFUSED
             return 0
         if args.command in ("diloco", "diloco-site"):
-            from swarmrl.config_diloco import PretrainConfig
+            from swarmrl.config.pretrain import PretrainConfig
 
             pcfg = load_config(args.config, args.overrides, schema=PretrainConfig)
             if args.command == "diloco":
-                from swarmrl.diloco.launch import run_diloco
+                from swarmrl.launch.diloco import run_diloco
 
                 return run_diloco(pcfg, args.config, args.overrides, args.fresh, args.resume)
             _setup_logging()
-            from swarmrl.diloco.site import run_site
+            from swarmrl.apps.pretrain.site import run_site
 
             run = Path(pcfg.runs_dir) / pcfg.name
             run.mkdir(parents=True, exist_ok=True)
             return run_site(pcfg, run, args.site, args.lighthouse, args.fail_in_sync, args.resume)
         cfg = load_config(args.config, args.overrides)
         if args.command == "rl":
-            from swarmrl.launcher import LaunchError, launch
+            from swarmrl.launch.swarm import LaunchError, launch
 
             try:
                 cheats = args.cheats.split(",") if args.cheats else None
                 if cfg.trainer.diloco.sites and not cfg.trainer.diloco.lighthouse:
-                    from swarmrl.diloco.rl import launch_sites
+                    from swarmrl.launch.diloco_rl import launch_sites
 
                     if cheats or args.cheaters:
                         raise LaunchError("--cheaters: start the sites one by one for that")

@@ -22,7 +22,7 @@ def _one_thread():
 def random_model_dir(tmp_path_factory) -> Path:
     """An untrained 2-layer tiny Llama with the char tokenizer, as an HF directory."""
     from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
-    from swarmrl.shardcast.manifest import write_manifest
+    from swarmrl.protocol.manifest import write_manifest
 
     out = tmp_path_factory.mktemp("random_model")
     tok = build_char_tokenizer()

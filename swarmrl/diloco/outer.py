@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swarmrl.config_diloco import DilocoConfig
+from swarmrl.config.diloco import DilocoConfig
 from swarmrl.diloco.allreduce import allreduce_fp32, allreduce_int8, wire_bytes_int8
 
 log = logging.getLogger(__name__)

@@ -33,21 +33,21 @@ import time
 from pathlib import Path
 
 from swarmrl.config import RunConfig
-from swarmrl.inference.assigned import AssignedPrompt, assigned_prompts
-from swarmrl.inference.backend import Completion, make_backend, resolve_backend
-from swarmrl.inference.rollouts import write_rollouts
+from swarmrl.inference.hf import Completion, make_backend, resolve_backend
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.models.prompting import decode_completion
 from swarmrl.protocol.assign import Assignment
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+from swarmrl.protocol.prompts import AssignedPrompt, assigned_prompts
+from swarmrl.protocol.rollouts import write_rollouts
+from swarmrl.protocol.sampler import SamplerState
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.source import follow_weights
-from swarmrl.tasks.curriculum import SamplerState
-from swarmrl.tasks.dataset import TaskSource
+from swarmrl.tasks.graders.registry import configure as configure_verifiers
+from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.length import length_penalty
-from swarmrl.tasks.verifiers import configure as configure_verifiers
-from swarmrl.tasks.verifiers import verify
+from swarmrl.tasks.sources.task_source import TaskSource
 
 log = logging.getLogger("swarmrl.worker")
 
@@ -224,7 +224,7 @@ def run_worker(
     home.mkdir(parents=True, exist_ok=True)
     how = Honest()
     if cheat:
-        from swarmrl.inference.cheats import make_cheat
+        from swarmrl.sim.cheats import make_cheat
 
         how = make_cheat(cheat, seed=int(hashlib.sha256(str(home).encode()).hexdigest()[:6], 16))
     key = load_or_create_key(home / "node.key")
@@ -239,7 +239,7 @@ def run_worker(
             home / "weights_latency.jsonl", client=client,
         )  # fmt: skip
     else:  # one machine without SHARDCAST: the trainer's directory, named by the operator
-        weights = LocalWeights(cfg.run_paths()["weights"])
+        weights = LocalWeights(cfg.paths.weights)
     source = TaskSource(cfg.task, cfg.seed)
     which = resolve_backend(backend or cfg.inference.backend)
     if cheat and which != "hf":  # the cheats edit the HF model (and generate with it)
@@ -308,7 +308,7 @@ def run_worker(
             time.sleep(cfg.worker.poll_s)
             continue
         j = hb["assignment"]
-        from swarmrl.tasks.curriculum import SamplerState
+        from swarmrl.protocol.sampler import SamplerState
 
         a = Assignment(
             step=j["step"],

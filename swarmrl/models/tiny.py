@@ -3,7 +3,7 @@
 `swarmrl init-model --task T --out DIR` builds it, warm-starts it with a
 supervised pass on generated problems of task T (prompt + "\n" → answer + EOS,
 loss on the answer only) until its sampled reward at the run's temperature
-lies in a target band (models/warm_start.py), and saves a normal HF directory
+lies in a target band (apps/warm_start.py), and saves a normal HF directory
 (config, safetensors, tokenizer) with a manifest, so it loads like any other
 model and is version 0 of a run. `warm_start.json` beside the weights records
 the measured starting reward and how it was measured.
@@ -16,8 +16,8 @@ import string
 import time
 from pathlib import Path
 
+from swarmrl.apps.warm_start import Band, WarmStartResult, warm_start
 from swarmrl.config import SamplingConfig, TaskConfig
-from swarmrl.models.warm_start import Band, WarmStartResult, warm_start
 
 log = logging.getLogger(__name__)
 WARM_START_FILE = "warm_start.json"
@@ -82,7 +82,7 @@ def init_model(
 ) -> WarmStartResult:
     import torch
 
-    from swarmrl.shardcast.manifest import write_json_atomic, write_manifest
+    from swarmrl.protocol.manifest import write_json_atomic, write_manifest
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)

@@ -76,7 +76,7 @@ def claim_file(svc: Service, validator: str, max_policy: int) -> dict:
 
 
 def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
-    from swarmrl.validator.record import Verdict
+    from swarmrl.protocol.verdict import Verdict
 
     try:
         v = Verdict(**verdict)

@@ -22,7 +22,7 @@ def operator_token(cfg: RunConfig) -> str:
     path = (
         Path(o.operator_token_file)
         if o.operator_token_file
-        else (cfg.run_paths()["keys"] / "operator.token")
+        else (cfg.paths.keys / "operator.token")
     )
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,7 +36,7 @@ def operator_token(cfg: RunConfig) -> str:
 
 
 def role_keys(cfg: RunConfig) -> tuple[frozenset[str], frozenset[str]]:
-    keys_dir = cfg.run_paths()["keys"]
+    keys_dir = cfg.paths.keys
     o = cfg.orchestrator
     trainers = list(o.trainer_keys) or [
         p.read_text().strip() for p in sorted(keys_dir.glob("trainer.pub"))
@@ -59,8 +59,8 @@ def make_service(cfg: RunConfig, public_url: str) -> Service:
     from swarmrl.orchestrator.objects import LocalObjectStore, S3ObjectStore
 
     o = cfg.orchestrator
-    paths = cfg.run_paths()
-    db = open_database(o.database, paths["orchestrator"] / "state.sqlite")
+    paths = cfg.paths
+    db = open_database(o.database, paths.orchestrator / "state.sqlite")
     trainers, validators = role_keys(cfg)
     svc = Service(
         cfg=cfg,
@@ -73,7 +73,7 @@ def make_service(cfg: RunConfig, public_url: str) -> Service:
     if o.store == "s3":
         svc.objects = S3ObjectStore(o.s3_bucket, o.s3_endpoint, o.s3_region)
     else:
-        root = Path(o.store_dir) if o.store_dir else paths["store"]
+        root = Path(o.store_dir) if o.store_dir else paths.store
         svc.objects = LocalObjectStore(root, svc.secret, public_url)
     return svc
 

@@ -38,7 +38,8 @@ import secrets
 
 from swarmrl.orchestrator.nodes import touch
 from swarmrl.orchestrator.service import ApiError, Service
-from swarmrl.protocol.assign import Assignment, derive_seed, rollout_key
+from swarmrl.protocol.assign import Assignment, rollout_key
+from swarmrl.protocol.seeds import derive_seed
 
 ON_THE_WAY = ("uploading", "pending", "accepted")
 FILE_STATES = (*ON_THE_WAY, "consumed", "trained", "rejected", "stale", "discarded")

@@ -10,13 +10,10 @@ choose them. `rollout_key` is the one name a file of an assignment has.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from swarmrl.tasks.curriculum import SamplerState
+from swarmrl.protocol.sampler import SamplerState
 
 ROLLOUT_KEY = re.compile(
     r"^rollouts/step_(?P<step>\d+)/(?P<node>[0-9a-f]+)-(?P<counter>\d+)-p(?P<policy>\d+)-g(?P<groups>\d+)\.parquet$"
@@ -31,11 +28,6 @@ class Assignment:
     counter: int
     sampler: SamplerState | None = None  # None: the default state (level 0, no weights)
     max_new_tokens: int | None = None  # the node's length budget; None: sampling.max_new_tokens
-
-
-def derive_seed(*parts: object) -> int:
-    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def rollout_key(a: Assignment, node: str, groups: int) -> str:

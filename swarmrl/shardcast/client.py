@@ -38,9 +38,7 @@ from pathlib import Path
 
 import aiohttp
 
-from swarmrl.shardcast.fastget import FastGet
-from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import (
+from swarmrl.protocol.manifest import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
     FileEntry,
@@ -49,6 +47,8 @@ from swarmrl.shardcast.manifest import (
     Shard,
     parse_manifest,
 )
+from swarmrl.shardcast.fastget import FastGet
+from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.servers import ServerPool, ServerStats, ShardcastError
 from swarmrl.shardcast.writer import ShardWriter, open_direct
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from swarmrl.shardcast.manifest import (
+from swarmrl.protocol.manifest import (
     MANIFEST,
     SHARD_BYTES,
     Manifest,

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from swarmrl.protocol.manifest import MANIFEST, ManifestError, read_manifest
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import MANIFEST, ManifestError, read_manifest
 from swarmrl.shardcast.server import ServedVersion, ShardServer, VersionTable
 
 log = logging.getLogger("swarmrl.shardcast.origin")

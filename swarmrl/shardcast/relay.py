@@ -21,9 +21,9 @@ import signal
 import time
 from pathlib import Path
 
+from swarmrl.protocol.manifest import MANIFEST, ManifestError, verify_version
 from swarmrl.shardcast.client import Follower
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import MANIFEST, ManifestError, verify_version
 from swarmrl.shardcast.server import ServedVersion, ShardServer, VersionTable
 from swarmrl.shardcast.servers import ShardcastError
 

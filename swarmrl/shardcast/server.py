@@ -35,7 +35,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from swarmrl.shardcast.manifest import Manifest
+from swarmrl.protocol.manifest import Manifest
 
 log = logging.getLogger("swarmrl.shardcast.server")
 

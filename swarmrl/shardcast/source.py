@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from swarmrl.config import ConfigError, RunConfig
+from swarmrl.protocol.manifest import ManifestError
 from swarmrl.shardcast.client import Fetched, Follower
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import ManifestError
 
 log = logging.getLogger("swarmrl.shardcast")
 
@@ -83,7 +83,7 @@ class ShardcastWeights:
 def trainer_public_key(cfg: RunConfig) -> str:
     if cfg.shardcast.public_key:
         return cfg.shardcast.public_key
-    path = cfg.run_paths()["keys"] / "trainer.pub"
+    path = cfg.paths.keys / "trainer.pub"
     try:
         return path.read_text().strip()
     except FileNotFoundError:
@@ -96,16 +96,16 @@ def open_weights_source(cfg: RunConfig, node_name: str, keep: int | None = None,
     """The weights source of one node (worker or validator) of this run. A
     validator passes `keep`: it mirrors every version and keeps that many.
     `client`: an OrchestratorClient; servers that send bad data are reported to it."""
-    paths = cfg.run_paths()
+    paths = cfg.paths
     if not cfg.shardcast.enabled:
-        return LocalWeights(paths["weights"])
+        return LocalWeights(paths.weights)
     return follow_weights(
         cfg,
-        paths["nodes"] / node_name / "weights",
+        paths.nodes / node_name / "weights",
         cfg.shardcast.servers,
         trainer_public_key(cfg),
         node_name,
-        paths["run"] / "weights_latency.jsonl",
+        paths.run / "weights_latency.jsonl",
         keep=keep,
         client=client,
     )

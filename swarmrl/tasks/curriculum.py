@@ -4,14 +4,14 @@ The trainer owns a `Curriculum`. After collecting each step it shows it the
 groups it read (`GroupOutcome`: every sample's reward, before zero-advantage
 groups are dropped), and the curriculum answers with the `SamplerState` of
 the next step. The state is small and public: it travels with the assignment
-(the trainer's status file today), is recorded per step for validators
-(`SamplerStates`), and fixes, together with the assignment seed, every
+(protocol/sampler.py; the orchestrator records it per step and hands it to
+validators with each file's assignment), and fixes, together with the assignment seed, every
 prompt of a file. A worker cannot pick its own difficulty: a validator
 recomputes the prompts from the state the trainer issued for the file's step.
 
 Two kinds of task source, two mechanisms:
 
-- Generated tasks have a difficulty knob (tasks/generators.py: one more
+- Generated tasks have a difficulty knob (tasks/sources/generated.py: one more
   character to reverse, one more digit per operand, per level). One level is
   in force per step. Decisions look at the last `window_groups` groups of the
   current level read since the last change: the level goes up when their mean
@@ -38,76 +38,16 @@ resumed run continues the same curriculum.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from swarmrl.config import CurriculumConfig
-from swarmrl.protocol.assign import derive_seed
+from swarmrl.protocol.sampler import SamplerState
 
 log = logging.getLogger("swarmrl.curriculum")
 
 SOLVED, FAILED = 1.0 - 1e-6, 1e-6
-MAX_DRAWS = 64  # candidates tried per prompt before taking the last one
-MAX_STATE_BYTES = 64 << 20  # a state larger than this is refused when read
-
-
-class SamplerStateError(ValueError):
-    """A malformed sampler state; the message names the field."""
-
-
-@dataclass(frozen=True)
-class SamplerState:
-    """What an assignment carries besides its seed: the difficulty level, and the
-    down-weighted problems of a file dataset (record index → weight < 1)."""
-
-    level: int = 0
-    weights: dict[int, float] = field(default_factory=dict)
-
-    def weight(self, index: int) -> float:
-        return self.weights.get(index, 1.0)
-
-    def to_json(self) -> dict:
-        return {"level": self.level, "weights": {str(k): v for k, v in self.weights.items()}}
-
-    @classmethod
-    def from_json(cls, data: object) -> SamplerState:
-        if not isinstance(data, dict) or set(data) - {"level", "weights"}:
-            raise SamplerStateError(f"sampler state must be {{level, weights}}, got {data!r:.80}")
-        level = data.get("level", 0)
-        if type(level) is not int or not 0 <= level <= 1000:
-            raise SamplerStateError(f"sampler state: field 'level': bad value {level!r:.40}")
-        raw = data.get("weights", {})
-        if not isinstance(raw, dict):
-            raise SamplerStateError("sampler state: field 'weights' must be an object")
-        weights = {}
-        for k, v in raw.items():
-            if not (isinstance(k, str) and k.isdigit()) or type(v) not in (int, float):
-                raise SamplerStateError(f"sampler state: field 'weights': bad entry {k!r:.20}")
-            if not 0.0 < v < 1.0:
-                raise SamplerStateError(f"sampler state: weight of {k} is {v}, not in (0, 1)")
-            weights[int(k)] = float(v)
-        return cls(level=level, weights=weights)
-
-
-def draw_indices(seed: int, count: int, state: SamplerState, n_records: int | None) -> list[int]:
-    """The problem indices of one file. Generated tasks (n_records None): any
-    index; a dataset: record indices, down-weighted ones accepted with their
-    weight."""
-    out = []
-    for i in range(count):
-        if n_records is None:
-            out.append(derive_seed(seed, "prompt", i) % (1 << 40))
-            continue
-        for attempt in range(MAX_DRAWS):
-            index = derive_seed(seed, "prompt", i, attempt) % n_records
-            w = state.weight(index)
-            if w >= 1.0 or derive_seed(seed, "accept", i, attempt) / 2**63 < w:
-                break
-        out.append(index)
-    return out
 
 
 @dataclass
@@ -239,39 +179,9 @@ class Curriculum:
         self.changes = list(d["changes"])
 
 
-class SamplerStates:
-    """The per-step record of issued states (runs/<name>/sampler/step_N.json): the
-    trainer writes one before it opens a step; validators read the one of a
-    file's step. The trainer is the only writer; the directory is trusted."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-
-    def path(self, step: int) -> Path:
-        return self.root / f"step_{step:06d}.json"
-
-    def write(self, step: int, state: SamplerState, keep_from: int) -> None:
-        from swarmrl.shardcast.manifest import write_json_atomic
-
-        self.root.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.path(step), state.to_json())
-        for old in self.root.glob("step_*.json"):
-            if int(old.stem.split("_")[1]) < keep_from:
-                old.unlink(missing_ok=True)
-
-    def read(self, step: int) -> SamplerState | None:
-        p = self.path(step)
-        try:
-            if p.stat().st_size > MAX_STATE_BYTES:
-                raise SamplerStateError(f"{p} is larger than {MAX_STATE_BYTES} bytes")
-            return SamplerState.from_json(json.loads(p.read_text()))
-        except FileNotFoundError:
-            return None
-
-
 def run_curriculum(cfg, source) -> Curriculum:
     """The curriculum of a run (`cfg`: RunConfig) over its task source."""
-    from swarmrl.tasks.generators import max_level
+    from swarmrl.tasks.sources.generated import max_level
 
     index = source.problem_index()
     if index is not None:

@@ -8,6 +8,6 @@
   every device and batch) and the validator's token-by-token check of it,
   with a near-tie tolerance.
 
-Workers build proofs while generating (inference/backend.py); validators
+Workers build proofs while generating (inference/hf.py); validators
 check them after one prefill (validator/checks.py).
 """

@@ -19,7 +19,7 @@ proof is 2 + 2k bytes. Real models (H >= 128) never hit this.
 Both directions are batched: the chunks of many samples that have the same
 length are stacked and go through top-k, the modulus search, interpolation or
 evaluation, and encoding as whole arrays. Hidden states are captured during
-generation by inference/backend.py; the sampling check is toploc/sampling.py.
+generation by inference/hf.py; the sampling check is toploc/sampling.py.
 """
 
 from __future__ import annotations

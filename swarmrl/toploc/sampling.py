@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swarmrl.protocol.assign import derive_seed
+from swarmrl.protocol.seeds import derive_seed
 
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # as signed int64: the products wrap mod 2^64
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)

@@ -37,12 +37,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from swarmrl.inference.rollouts import Limits, RolloutFileError, read_rollouts
 from swarmrl.protocol.assign import parse_rollout_key
+from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts, sha256
+from swarmrl.protocol.verdict import read_verdict
 from swarmrl.tasks.curriculum import GroupOutcome
 from swarmrl.trainer.advantages import group_advantages, has_signal
-from swarmrl.validator.checks import sha256
-from swarmrl.validator.record import read_verdict
 
 log = logging.getLogger("swarmrl.trainer")
 

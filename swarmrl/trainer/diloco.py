@@ -1,7 +1,7 @@
 """DiLoCo for RL: GRPO trainer sites that synchronise their policies (`trainer.diloco`).
 
 Each site is a whole swarm (its own orchestrator, workers, validators, relays;
-`swarmrl rl` starts them, diloco/rl.py) whose trainer takes
+`swarmrl rl` starts them, launch/diloco_rl.py) whose trainer takes
 `trainer.diloco.inner_steps` GRPO steps (AdamW, its own state kept across
 syncs) and then joins the same outer loop as `swarmrl diloco`
 (diloco/outer.py on torchft): pseudo-gradient = global − local policy,
@@ -44,12 +44,12 @@ class PolicySync:
                 "trainer.diloco.sites is set but trainer.diloco.lighthouse is empty: start "
                 "the sites with `swarmrl rl` (it starts a lighthouse) or name one"
             )
-        from swarmrl.diloco.site import make_manager
+        from swarmrl.apps.pretrain.site import make_manager
 
         self.cfg = d
         self.manager, self._store = make_manager(d, d.site, d.lighthouse)
         self.outer = OuterLoop(model, d, self.manager)
-        self.path = cfg.run_paths()["trainer_state"] / "diloco.pt"
+        self.path = cfg.paths.trainer_state / "diloco.pt"
         self.last_sync = 0  # the step of the newest committed sync
         self.bytes_sent = 0
 

@@ -39,16 +39,16 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.config import ConfigError, RunConfig
-from swarmrl.inference.rollouts import Limits
+from swarmrl.config import ConfigError, RunConfig, RunPaths
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.client import OrchestratorClient
 from swarmrl.protocol.identity import load_or_create_key, parse_public_key, public_key_hex
+from swarmrl.protocol.manifest import ManifestError
+from swarmrl.protocol.rollouts import Limits
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import ManifestError
 from swarmrl.shardcast.origin import Origin, Publisher
 from swarmrl.tasks.curriculum import run_curriculum
-from swarmrl.tasks.dataset import TaskSource
+from swarmrl.tasks.sources.task_source import TaskSource
 from swarmrl.trainer.batch import BatchCollector, OrchestratorQueue, Sample
 from swarmrl.trainer.diloco import PolicySync, sync_row
 from swarmrl.trainer.fsdp import init_distributed
@@ -57,8 +57,8 @@ from swarmrl.trainer.ranks import Policy, follow, optimizer_dir
 log = logging.getLogger("swarmrl.trainer")
 
 
-def _state_path(paths: dict, step: int) -> Path:
-    return paths["trainer_state"] / f"step_{step:06d}.pt"
+def _state_path(paths: RunPaths, step: int) -> Path:
+    return paths.trainer_state / f"step_{step:06d}.pt"
 
 
 def _open_step(client: OrchestratorClient, curriculum, step: int, done: bool = False) -> None:
@@ -71,9 +71,7 @@ def _open_step(client: OrchestratorClient, curriculum, step: int, done: bool = F
 
 def trainer_key(cfg: RunConfig):
     sc = cfg.shardcast
-    return load_or_create_key(
-        Path(sc.key_file) if sc.key_file else cfg.run_paths()["keys"] / "trainer.key"
-    )
+    return load_or_create_key(Path(sc.key_file) if sc.key_file else cfg.paths.keys / "trainer.key")
 
 
 def _truncate_metrics(path: Path, last_step: int) -> None:
@@ -100,14 +98,14 @@ def _publish(publisher: Publisher, model, snapshot: dict, tokenizer, version: in
     publisher.submit(version, write, lambda: announce(version))
 
 
-def _open_weights(cfg: RunConfig, paths: dict) -> tuple[LocalWeights, Origin | None]:
+def _open_weights(cfg: RunConfig, paths: RunPaths) -> tuple[LocalWeights, Origin | None]:
     sc = cfg.shardcast
     keep = cfg.async_level + 1
     if not sc.enabled:
-        return LocalWeights(paths["weights"], keep=keep), None
+        return LocalWeights(paths.weights, keep=keep), None
     key = trainer_key(cfg)
     weights = LocalWeights(
-        paths["weights"],
+        paths.weights,
         keep=keep,
         key=key,
         shard_bytes=int(sc.shard_mb * 1e6),
@@ -124,12 +122,12 @@ def trusted_validators(cfg: RunConfig) -> list[str] | None:
         return None
     keys = list(dict.fromkeys([*cfg.validator.public_keys, *cfg.orchestrator.validator_keys]))
     if not keys:
-        found = sorted(cfg.run_paths()["keys"].glob("validator-*.pub"))
+        found = sorted(cfg.paths.keys.glob("validator-*.pub"))
         keys = [p.read_text().strip() for p in found]
     if not keys:
         raise ConfigError(
             "validator.enabled but no validator keys: set validator.public_keys or "
-            f"create {cfg.run_paths()['keys']}/validator-0.key (validators make their own)"
+            f"create {cfg.paths.keys}/validator-0.key (validators make their own)"
         )
     for k in keys:
         parse_public_key(k)  # a malformed key is a config error, not a silent mistrust
@@ -153,8 +151,8 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
 
 
 def _rank0(cfg: RunConfig, resume: bool, policy: Policy) -> None:
-    paths = cfg.run_paths()
-    paths["trainer_state"].mkdir(parents=True, exist_ok=True)
+    paths = cfg.paths
+    paths.trainer_state.mkdir(parents=True, exist_ok=True)
     weights, origin = _open_weights(cfg, paths)
     publisher = Publisher(weights, origin)
     try:
@@ -166,7 +164,7 @@ def _rank0(cfg: RunConfig, resume: bool, policy: Policy) -> None:
             origin.stop()
 
 
-def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publisher, policy,
+def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Publisher, policy,
            stack: ExitStack):  # fmt: skip
     if not cfg.orchestrator.url:
         raise ConfigError("orchestrator.url is empty: the trainer takes its rollouts from there")
@@ -213,13 +211,13 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         if moved:
             log.info("%d rollout files of unfinished steps went back to the queue", moved)
         start = v + 1
-        _truncate_metrics(paths["metrics"], v)
+        _truncate_metrics(paths.metrics, v)
         log.info("resuming after version %d (%d trainer ranks)", v, policy.world)
     else:
         if resume:
             log.info("--resume given but no complete version exists; starting fresh")
         first = policy.start(cfg.model.path)
-        paths["metrics"].unlink(missing_ok=True)
+        paths.metrics.unlink(missing_ok=True)
         if 0 not in weights.versions():
             _publish(publisher, policy.model, first, tokenizer, 0, announce)
         else:
@@ -315,7 +313,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
         }
         if sync:
             row.update(sync_row(synced, sync.outer.outer_steps, sync.bytes_sent))
-        with open(paths["metrics"], "a") as f:
+        with open(paths.metrics, "a") as f:
             f.write(json.dumps(row) + "\n")
         state_file = _state_path(paths, step)
         tmp = state_file.with_suffix(".tmp")
@@ -335,7 +333,7 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
 
         def after_publish(version: int) -> None:
             announce(version)
-            for old in paths["trainer_state"].glob("step_*"):
+            for old in paths.trainer_state.glob("step_*"):
                 if int(old.name[5:11]) < version - cfg.async_level:
                     if old.is_dir():
                         shutil.rmtree(old, ignore_errors=True)
@@ -366,12 +364,12 @@ def _train(cfg: RunConfig, resume: bool, paths: dict, weights, publisher: Publis
 
     policy.stop()
     publisher.flush()
-    final = paths["run"] / "final"
+    final = paths.run / "final"
     if final.exists():
         shutil.rmtree(final)
     shutil.copytree(weights.path(weights.newest()), final)
     _open_step(client, curriculum, last + 1, done=True)
-    from swarmrl.report import write_report
+    from swarmrl.launch.report import write_report
 
-    write_report(paths["metrics"], paths["run"] / "report.png")
+    write_report(paths.metrics, paths.run / "report.png")
     log.info("done: final model in %s", final)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.config import RunConfig
+from swarmrl.config import RunConfig, RunPaths
 from swarmrl.models.loading import load_model, load_tokenizer
 from swarmrl.trainer.fsdp import full_state_dict, shard
 from swarmrl.trainer.step import StepStats, grpo_update
@@ -44,8 +44,8 @@ from swarmrl.trainer.step import StepStats, grpo_update
 log = logging.getLogger("swarmrl.trainer")
 
 
-def optimizer_dir(paths: dict, step: int) -> Path:
-    return paths["trainer_state"] / f"step_{step:06d}.optim"
+def optimizer_dir(paths: RunPaths, step: int) -> Path:
+    return paths.trainer_state / f"step_{step:06d}.optim"
 
 
 def _broadcast(obj=None, rank: int = 0):
@@ -128,7 +128,7 @@ class Policy:
         full = full_state_dict(self.model)  # a collective
         return {k: v for k, v in full.items() if k not in self.aliases} if self.rank == 0 else None
 
-    def save(self, paths: dict, step: int) -> Path:
+    def save(self, paths: RunPaths, step: int) -> Path:
         """The optimizer checkpoint of `step` (a collective); complete once it returns."""
         final = optimizer_dir(paths, step)
         tmp = final.with_name(final.name + ".tmp")
@@ -180,7 +180,7 @@ def load_optimizer(model, optimizer, path) -> None:
 
 def follow(cfg: RunConfig, rank: int, world: int) -> None:
     """A rank other than 0: mirror rank 0's collectives until it says the run is over."""
-    paths = cfg.run_paths()
+    paths = cfg.paths
     policy = Policy(cfg, rank, world)
     policy.start()
     log.info("rank %d of %d: policy loaded and sharded", rank, world)

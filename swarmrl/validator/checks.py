@@ -1,6 +1,6 @@
 """The checks of one rollout file, cheapest first; the first that fails decides.
 
-1. schema and limits: inference/rollouts.py reads the file without trusting it
+1. schema and limits: protocol/rollouts.py reads the file without trusting it
    (types, lengths, whole groups of group_size, finite numbers);
 2. identity: the key names the node, step, policy and group count that the
    rows claim;
@@ -34,20 +34,20 @@ Steps 1 to 6 need no model; 7 and 8 share one prefill.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 from swarmrl.config import RunConfig
-from swarmrl.inference.assigned import assigned_prompts
-from swarmrl.inference.rollouts import Limits, RolloutFileError, read_rollouts
 from swarmrl.models.prompting import decode_completion
-from swarmrl.protocol.assign import derive_seed, parse_rollout_key
-from swarmrl.tasks.curriculum import SamplerStates
+from swarmrl.protocol.assign import parse_rollout_key
+from swarmrl.protocol.prompts import assigned_prompts
+from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts
+from swarmrl.protocol.sampler import SamplerState, SamplerStateError
+from swarmrl.protocol.seeds import derive_seed
+from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.length import length_penalty
-from swarmrl.tasks.verifiers import verify
 from swarmrl.toploc.proof import Thresholds, check_proofs_many, decode, split_proofs
 from swarmrl.toploc.sampling import check_sampling
 
@@ -98,7 +98,7 @@ class Context:
     hidden_size: int
     max_batch_tokens: int = 16384
     max_prompt_tokens: int = 4096
-    sampler_states: SamplerStates | None = None  # None: the run's runs/<name>/sampler/
+    issued: dict | None = None  # the file's assignment as the orchestrator issued it
 
     def limits(self) -> Limits:
         return Limits(
@@ -107,10 +107,6 @@ class Context:
             max_rows=self.cfg.worker.groups_per_file * self.cfg.worker.group_size,
             group_size=self.cfg.worker.group_size,
         )
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def check_without_model(ctx: Context, key: str, data: bytes) -> tuple[dict, list[dict]]:
@@ -150,14 +146,14 @@ def _where(rows: list[dict], name: str, want) -> list[int]:
 def _check_assignment(ctx: Context, info: dict, rows: list[dict]) -> list:
     cfg = ctx.cfg
     seed = derive_seed(cfg.seed, info["node"], info["step"], info["counter"])
-    states = ctx.sampler_states or SamplerStates(cfg.run_paths()["sampler"])
+    issued = ctx.issued
+    if issued is None or issued.get("step") != info["step"] or issued.get("sampler") is None:
+        raise Reject("assignment", f"no sampler state was issued for step {info['step']}")
     try:
-        state = states.read(info["step"])
-    except ValueError as e:  # SamplerStateError or bad JSON; fail closed: judged as unassigned
+        state = SamplerState.from_json(issued["sampler"])
+    except SamplerStateError as e:  # fail closed: judged as unassigned
         msg = f"the sampler state of step {info['step']} is unreadable: {e}"
         raise Reject("assignment", msg) from None
-    if state is None:
-        raise Reject("assignment", f"no sampler state was issued for step {info['step']}")
     plan = assigned_prompts(cfg, ctx.source, ctx.tokenizer, seed, state)
     groups = sorted({r["group"] for r in rows})
     if groups != list(range(len(plan))):

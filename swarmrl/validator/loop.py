@@ -24,18 +24,18 @@ import time
 from pathlib import Path
 
 from swarmrl.config import RunConfig
-from swarmrl.inference.backend import HFBackend
+from swarmrl.inference.hf import HFBackend
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.assign import parse_rollout_key
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key
+from swarmrl.protocol.rollouts import sha256
+from swarmrl.protocol.verdict import Verdict
 from swarmrl.shardcast.source import open_weights_source
-from swarmrl.tasks.curriculum import SamplerState
-from swarmrl.tasks.dataset import TaskSource
-from swarmrl.tasks.verifiers import configure as configure_verifiers
+from swarmrl.tasks.graders.registry import configure as configure_verifiers
+from swarmrl.tasks.sources.task_source import TaskSource
 from swarmrl.toploc.proof import Thresholds
-from swarmrl.validator.checks import Context, Reject, check_with_model, check_without_model, sha256
-from swarmrl.validator.record import Verdict
+from swarmrl.validator.checks import Context, Reject, check_with_model, check_without_model
 
 log = logging.getLogger("swarmrl.validator")
 LOGPROB_TOLERANCE = {"float32": 2e-5, "bfloat16": 1e-2}  # see validator/checks.py, check 8
@@ -92,7 +92,7 @@ class Judge:
         claimed; an honest file is never for a later step, nor from a policy version
         not yet published (step n+1 opens before version n is published).
         `issued`: the assignment as the orchestrator issued it (its `sampler` state
-        and `max_new_tokens` budget); None reads the run's sampler/ records."""
+        and `max_new_tokens` budget); without it the file is rejected as unassigned."""
         t0 = time.time()
         ctx = self.ctx
         if issued is not None:
@@ -130,16 +130,6 @@ class Judge:
         return v.signed(self.key)
 
 
-class _IssuedState:
-    """The sampler state the orchestrator issued for one file's step."""
-
-    def __init__(self, step: int, state: SamplerState | None):
-        self.step, self.state = step, state
-
-    def read(self, step: int) -> SamplerState | None:
-        return self.state if step == self.step else None
-
-
 def _issued_context(ctx: Context, issued: dict) -> Context:
     cfg = ctx.cfg
     budget = issued.get("max_new_tokens") or cfg.sampling.max_new_tokens
@@ -147,8 +137,7 @@ def _issued_context(ctx: Context, issued: dict) -> Context:
         cfg = cfg.model_copy(
             update={"sampling": cfg.sampling.model_copy(update={"max_new_tokens": budget})}
         )
-    state = None if issued["sampler"] is None else SamplerState.from_json(issued["sampler"])
-    return dataclasses.replace(ctx, cfg=cfg, sampler_states=_IssuedState(issued["step"], state))
+    return dataclasses.replace(ctx, cfg=cfg, issued=issued)
 
 
 def judge_claimed(judge: Judge, f: dict, data: bytes, trainer_step: int | None) -> Verdict | None:
@@ -177,8 +166,8 @@ def run_validator(cfg: RunConfig, index: int) -> None:
 
     torch.set_num_threads(cfg.validator.threads)
     configure_verifiers(cfg)
-    paths = cfg.run_paths()
-    key = load_or_create_key(paths["keys"] / f"validator-{index}.key")
+    paths = cfg.paths
+    key = load_or_create_key(paths.keys / f"validator-{index}.key")
     client = OrchestratorClient(cfg.orchestrator.url, key)
     weights = open_weights_source(
         cfg, f"validator-{index}", keep=cfg.async_level + 2, client=client
@@ -217,7 +206,7 @@ def run_validator(cfg: RunConfig, index: int) -> None:
             # Recovered: our lease ran out and another validator judged the file first.
             log.warning("verdict on %s not taken: %s", f["key"], e.detail)
             continue
-        log_verdict(v, paths["verdicts"])
+        log_verdict(v, paths.verdicts)
         if v.accepted:
             log.info("accepted %s: %d samples, %.2fs", f["key"], v.n_samples, v.seconds)
         else:

@@ -10,9 +10,9 @@ import sys
 import time
 
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+from swarmrl.protocol.manifest import verify_version
 from swarmrl.shardcast.client import Follower
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import verify_version
 from swarmrl.shardcast.origin import Origin
 from tests.integration.conftest import ROOT
 

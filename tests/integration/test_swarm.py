@@ -262,7 +262,7 @@ def _default_run(tiny_model, tmp_path) -> tuple[list[dict], float, float]:
 def test_default_run_learns_without_a_late_crawl(tiny_model, tmp_path):
     """`make run`'s configuration: the reward rises, every step reads at most 4x the
     groups it trains on, and throughput at the end is at least half that at the start."""
-    from swarmrl.progress import samples_per_s
+    from swarmrl.launch.progress import samples_per_s
 
     rows, first, last = _default_run(tiny_model, tmp_path)
     assert last >= first + 0.05, f"first 5 steps {first:.3f}, last 5 {last:.3f}"
@@ -309,8 +309,8 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
     honest files accepted, and the trainer finishes on accepted files only."""
     import json
 
-    from swarmrl.inference.cheats import CHEATS
     from swarmrl.protocol.assign import parse_rollout_key
+    from swarmrl.sim.cheats import CHEATS
 
     steps = 6
     # level 1 from the start, so that the easy-level cheater's level-0 prompts are a cheat

@@ -1,6 +1,6 @@
 import torch
 
-from swarmrl.inference.backend import HFBackend
+from swarmrl.inference.hf import HFBackend
 from swarmrl.models.loading import load_model, load_tokenizer
 from swarmrl.models.prompting import encode_prompt
 
@@ -82,7 +82,7 @@ def test_backend_is_chosen_in_one_place(monkeypatch):
     import pytest
 
     from swarmrl.config import ConfigError, load_config
-    from swarmrl.inference.backend import make_backend, resolve_backend
+    from swarmrl.inference.hf import make_backend, resolve_backend
     from swarmrl.inference.vllm_install import CPU_INDEX, InstallError, plan
 
     if not torch.cuda.is_available():
@@ -93,7 +93,7 @@ def test_backend_is_chosen_in_one_place(monkeypatch):
     cfg = load_config(None, ["inference.max_batch=7"])
     be = make_backend(cfg, name="hf")
     assert isinstance(be, HFBackend) and be.max_batch == 7
-    monkeypatch.setattr("swarmrl.inference.vllm_backend.vllm_available", lambda: False)
+    monkeypatch.setattr("swarmrl.inference.vllm.vllm_available", lambda: False)
     with pytest.raises(ConfigError, match="make vllm"):
         make_backend(cfg, name="vllm")
     with pytest.raises(InstallError, match=CPU_INDEX.replace(".", r"\.")):

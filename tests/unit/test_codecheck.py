@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.tasks.codecheck import CodeSettings, extract_program, score_code
-from swarmrl.tasks.dataset import load_task_file
+from swarmrl.tasks.graders.code import CodeSettings, extract_program, score_code
+from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.schema import Task, TaskError
-from swarmrl.tasks.verifiers import verify
+from swarmrl.tasks.sources.task_source import load_task_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = {"tests": [{"input": f"{a} {b}\n", "output": f"{a + b}\n"} for a, b in [(1, 2), (5, 5), (-3, 9), (0, 0)]]}  # fmt: skip
@@ -121,7 +121,7 @@ def test_example_file_is_current_and_its_references_pass():
 
 
 def test_prose_is_graded_without_running_anything(monkeypatch):
-    import swarmrl.tasks.codecheck as cc
+    import swarmrl.tasks.graders.code as cc
 
     def no_run(*a, **k):
         raise AssertionError("a process was started for a program that does not compile")

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
+from swarmrl.apps.config_docs import config_docs
 from swarmrl.config import ConfigError, load_config, parse_override
-from swarmrl.config_docs import config_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def test_bad_value_is_named(tmp_path):
 
 
 def test_shipped_configs_load():
-    from swarmrl.config_diloco import PretrainConfig
+    from swarmrl.config.pretrain import PretrainConfig
 
     for f in sorted((ROOT / "configs").glob("*.toml")):
         load_config(f, schema=PretrainConfig if f.name == "diloco.toml" else None)

@@ -9,19 +9,12 @@ import pytest
 import torch
 
 from swarmrl.config import CurriculumConfig, TaskConfig, load_config
-from swarmrl.inference.assigned import assigned_prompts
 from swarmrl.models.tiny import build_char_tokenizer
-from swarmrl.tasks.curriculum import (
-    Curriculum,
-    GroupOutcome,
-    SamplerState,
-    SamplerStateError,
-    SamplerStates,
-    draw_indices,
-    run_curriculum,
-)
-from swarmrl.tasks.dataset import TaskSource
-from swarmrl.tasks.generators import max_level, reverse_text
+from swarmrl.protocol.prompts import assigned_prompts
+from swarmrl.protocol.sampler import SamplerState, SamplerStateError, draw_indices
+from swarmrl.tasks.curriculum import Curriculum, GroupOutcome, run_curriculum
+from swarmrl.tasks.sources.generated import max_level, reverse_text
+from swarmrl.tasks.sources.task_source import TaskSource
 
 
 def _groups(step: int, rewards: list[list[float]], pid: str = "p") -> list[GroupOutcome]:
@@ -155,10 +148,6 @@ def test_sampler_state_json_is_validated(tmp_path):
     ):
         with pytest.raises(SamplerStateError):
             SamplerState.from_json(bad)
-    states = SamplerStates(tmp_path / "sampler")
-    states.write(5, s, keep_from=0)
-    states.write(9, SamplerState(level=4), keep_from=7)  # prunes steps before 7
-    assert states.read(5) is None and states.read(9) == SamplerState(level=4)
 
 
 def test_worker_and_validator_recompute_the_same_prompts_from_the_assignment(tmp_path):
@@ -167,10 +156,11 @@ def test_worker_and_validator_recompute_the_same_prompts_from_the_assignment(tmp
     cfg = load_config(None, ["worker.groups_per_file=6"])
     tok = build_char_tokenizer()
     source = TaskSource(cfg.task, cfg.seed)
-    states = SamplerStates(tmp_path / "sampler")
-    states.write(3, SamplerState(level=2), keep_from=0)
+    issued = json.loads(json.dumps(SamplerState(level=2).to_json()))  # as it travels
     worker = assigned_prompts(cfg, source, tok, 4242, SamplerState(level=2))
-    validator = assigned_prompts(cfg, TaskSource(cfg.task, cfg.seed), tok, 4242, states.read(3))
+    validator = assigned_prompts(
+        cfg, TaskSource(cfg.task, cfg.seed), tok, 4242, SamplerState.from_json(issued)
+    )
     assert [p.tokens for p in worker] == [p.tokens for p in validator]
     assert all("/L2/" in p.task.problem_id for p in worker)
     easy = assigned_prompts(cfg, source, tok, 4242, SamplerState())

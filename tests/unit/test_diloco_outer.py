@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmrl.config_diloco import DilocoConfig, PretrainConfig
-from swarmrl.diloco.corpus import corpus_lines
+from swarmrl.apps.pretrain.corpus import corpus_lines
+from swarmrl.config.diloco import DilocoConfig
+from swarmrl.config.pretrain import PretrainConfig
 from swarmrl.diloco.outer import OuterLoop
 
 

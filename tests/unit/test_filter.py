@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from swarmrl.filter import FilterError, run_filter
+from swarmrl.apps.filter import FilterError, run_filter
 
 
 def _tasks(path, n):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from swarmrl.tasks.mathcheck import MathChecker, equivalent, extract_answer, score_math
+from swarmrl.tasks.graders.math import MathChecker, equivalent, extract_answer, score_math
+from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.schema import Task
-from swarmrl.tasks.verifiers import verify
 
 EQUAL = [
     ("42", "42"),
@@ -126,7 +126,7 @@ def test_the_example_math_file_is_current_and_its_answers_grade():
     import json
     from pathlib import Path
 
-    from swarmrl.tasks.dataset import load_task_file
+    from swarmrl.tasks.sources.task_source import load_task_file
 
     root = Path(__file__).resolve().parents[2] / "data"
     spec = importlib.util.spec_from_file_location("make_math", root / "make_math_examples.py")

@@ -9,7 +9,7 @@ import hashlib
 import pytest
 
 from swarmrl.protocol.identity import public_key_hex
-from swarmrl.validator.record import Verdict
+from swarmrl.protocol.verdict import Verdict
 from tests.unit.orch_util import HW, Orch, new_pg_database, postgres_url  # noqa: F401
 
 AUTH = "Authorization"

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from swarmrl.inference.rollouts import (
+from swarmrl.protocol.rollouts import (
     SCHEMA,
     Limits,
     RolloutFileError,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from swarmrl.tasks.sandbox import Limits, namespaces_available, run_python
+from swarmrl.tasks.graders.sandbox import Limits, namespaces_available, run_python
 
 NS = namespaces_available()
 needs_ns = pytest.mark.skipif(NS is not None, reason=f"no namespace isolation here: {NS}")

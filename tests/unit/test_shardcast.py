@@ -9,9 +9,9 @@ import time
 import pytest
 
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+from swarmrl.protocol.manifest import MANIFEST, read_manifest, verify_version
 from swarmrl.shardcast.client import Follower
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import MANIFEST, read_manifest, verify_version
 from swarmrl.shardcast.origin import Origin
 from tests.unit.shardcast_util import (
     SHARD,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
-from swarmrl.shardcast.manifest import ManifestError, read_manifest, verify_version
+from swarmrl.protocol.manifest import ManifestError, read_manifest, verify_version
 from tests.unit.shardcast_util import (
     SHARD,
     make_origin,
@@ -110,7 +110,7 @@ def test_server_rejects_traversal_and_malformed_requests(tmp_path, key):
 
 
 def test_oversized_manifest_is_rejected(tmp_path, key):
-    from swarmrl.shardcast.manifest import MAX_MANIFEST_BYTES, parse_manifest
+    from swarmrl.protocol.manifest import MAX_MANIFEST_BYTES, parse_manifest
 
     with pytest.raises(ManifestError, match="larger than"):
         parse_manifest(b" " * (MAX_MANIFEST_BYTES + 1))

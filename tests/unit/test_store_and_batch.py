@@ -2,11 +2,10 @@
 
 import pytest
 
-from swarmrl.inference.rollouts import Limits, write_rollouts
 from swarmrl.orchestrator.objects import check_key
 from swarmrl.protocol.assign import Assignment, parse_rollout_key, rollout_key
+from swarmrl.protocol.rollouts import Limits, sha256, write_rollouts
 from swarmrl.trainer.batch import BatchCollector, QueuedFile
-from swarmrl.validator.checks import sha256
 from tests.unit.test_rollouts import make_rows
 
 

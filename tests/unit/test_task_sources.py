@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.rollout_files import Maker, issued, make_judge, small_run
 from swarmrl.config import TaskConfig
-from swarmrl.inference.rollouts import read_rollouts, write_rollouts
-from swarmrl.tasks.dataset import TaskSource
+from swarmrl.protocol.rollouts import read_rollouts, write_rollouts
+from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.schema import TaskError
-from swarmrl.tasks.verifiers import verify
+from swarmrl.tasks.sources.task_source import TaskSource
 from swarmrl.validator.checks import Reject, check_without_model
-from tests.unit.validator_util import Maker, make_judge, small_run
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym is in the dev extras")
 pytest.importorskip("verifiers", reason="verifiers is in the dev extras")
@@ -35,13 +35,13 @@ def example_env_importable():
 
 
 def gym_answer(task) -> str:
-    from swarmrl.tasks.gym import _entry
+    from swarmrl.tasks.sources.gym import _entry
 
     return _entry(task.verification_info)[1]["answer"]
 
 
 def env_answer(task) -> int:
-    from swarmrl.tasks.environments import _load
+    from swarmrl.tasks.sources.environments import _load
 
     info = task.verification_info
     import json
@@ -186,7 +186,7 @@ def test_rollout_files_round_trip_and_rewards_are_re_scored(
     maker = Maker(cfg, tmp_path)
     judge = make_judge(cfg, tmp_path)
     key, data = maker.file()
-    verdict = judge.judge(key, data)
+    verdict = judge.judge(key, data, issued=issued(key))
     assert verdict is not None and verdict.accepted, (verdict.check, verdict.reason)
 
     rows = _with_right_answers(maker, read_rollouts(data), answer)
@@ -201,7 +201,7 @@ def test_rollout_files_round_trip_and_rewards_are_re_scored(
 def test_a_datasets_directory_is_a_task_file(tmp_path):
     import datasets
 
-    from swarmrl.tasks.dataset import load_task_file
+    from swarmrl.tasks.sources.task_source import load_task_file
 
     rows = [{"problem_id": f"p{i}", "prompt": f"What is {i} + 1?", "task_type": "addition",
              "verification_info": f'{{"answer": "{i + 1}"}}'} for i in range(5)]  # fmt: skip

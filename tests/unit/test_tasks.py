@@ -3,9 +3,9 @@ import json
 import pytest
 
 from swarmrl.config import TaskConfig
-from swarmrl.tasks.dataset import TaskSource, load_task_file
 from swarmrl.tasks.length import length_penalty
 from swarmrl.tasks.schema import TaskError, parse_task
+from swarmrl.tasks.sources.task_source import TaskSource, load_task_file
 
 GOOD = {
     "problem_id": "p1",
@@ -77,7 +77,7 @@ def test_length_penalties():
 
 
 def test_budgets_fit_the_nodes_length_budget():
-    from swarmrl.inference.assigned import budget_targets
+    from swarmrl.protocol.prompts import budget_targets
 
     assert budget_targets([100, 200, 400], 250) == [100, 200]
     assert budget_targets([100, 200, 400], 1000) == [100, 200, 400]
@@ -85,7 +85,7 @@ def test_budgets_fit_the_nodes_length_budget():
 
 
 def test_budget_report_on_hand_computed_lengths():
-    from swarmrl.evaluate import budget_report
+    from swarmrl.apps.evaluate import budget_report
 
     r = budget_report([90, 100, 130, 200], 100, 200, "exact", 0.01)
     assert r["mean_tokens"] == 130.0 and r["median_tokens"] == 130
@@ -99,7 +99,7 @@ def test_budget_report_on_hand_computed_lengths():
 
 def test_the_instruction_follows_every_prompt():
     from swarmrl.config import TaskConfig
-    from swarmrl.tasks.dataset import TaskSource
+    from swarmrl.tasks.sources.task_source import TaskSource
 
     plain = TaskSource(TaskConfig(name="addition"), 0).get("train", 4)
     told = TaskSource(TaskConfig(name="addition", instruction="Answer with the number only."), 0)

@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from swarmrl.inference.cheats import OtherModel, make_cheat
-from swarmrl.inference.rollouts import read_rollouts, write_rollouts
-from swarmrl.tasks.curriculum import SamplerState, SamplerStates
+from bench.rollout_files import Maker, issued, make_judge, small_run
+from swarmrl.protocol.rollouts import read_rollouts, write_rollouts
+from swarmrl.protocol.sampler import SamplerState
+from swarmrl.sim.cheats import OtherModel, make_cheat
 from swarmrl.validator.checks import Reject, check_with_model, check_without_model
-from tests.unit.validator_util import Maker, make_judge, small_run
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def setup(random_model_dir, tmp_path_factory):
 
 
 def _judge(judge, key, data):
-    v = judge.judge(key, data)
+    v = judge.judge(key, data, issued=issued(key))
     assert v is not None
     return v
 
@@ -177,7 +177,7 @@ def test_files_ahead_of_the_trainer_are_rejected_not_left_waiting(setup):
 
 
 def _judge_at(judge, key, data, trainer_step):
-    v = judge.judge(key, data, trainer_step)
+    v = judge.judge(key, data, trainer_step, issued=issued(key))
     assert v is not None
     return v
 
@@ -197,11 +197,11 @@ def test_the_issued_difficulty_is_enforced(random_model_dir, tmp_path):
     v = _judge(judge, key, data)
     assert not v.accepted and v.check == "assignment", (v.check, v.reason)
     key, data = maker.file(step=4)
-    SamplerStates(cfg.run_paths()["sampler"]).path(4).unlink()
-    v = _judge(judge, key, data)
+    v = judge.judge(key, data, issued={**issued(key), "sampler": None})
     assert not v.accepted and v.check == "assignment" and "no sampler state" in v.reason
-    SamplerStates(cfg.run_paths()["sampler"]).path(4).write_text('{"level": "hard"}')
-    v = _judge(judge, key, data)
+    v = judge.judge(key, data, issued=None)
+    assert not v.accepted and v.check == "assignment" and "no sampler state" in v.reason
+    v = judge.judge(key, data, issued={**issued(key), "sampler": {"level": "hard"}})
     assert not v.accepted and v.check == "assignment" and "unreadable" in v.reason
 
 
@@ -228,7 +228,7 @@ def test_claimed_files_are_judged_against_the_issued_assignment(random_model_dir
     assignment: a file made for them passes; the same file judged against another
     issued level fails; bytes other than the submitted ones are rejected outright."""
     from swarmrl.protocol.assign import parse_rollout_key
-    from swarmrl.validator.checks import sha256
+    from swarmrl.protocol.rollouts import sha256
     from swarmrl.validator.loop import judge_claimed
 
     cfg = small_run(tmp_path, random_model_dir)

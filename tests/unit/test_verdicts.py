@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from swarmrl.inference.rollouts import Limits, write_rollouts
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
+from swarmrl.protocol.rollouts import Limits, sha256, write_rollouts
+from swarmrl.protocol.verdict import Verdict, read_verdict
 from swarmrl.trainer.batch import BatchCollector
-from swarmrl.validator.checks import sha256
-from swarmrl.validator.record import Verdict, read_verdict
 from tests.unit.test_rollouts import make_rows
 from tests.unit.test_store_and_batch import MemoryQueue, put
 

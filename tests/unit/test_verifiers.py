@@ -1,9 +1,9 @@
 import pytest
 
 from swarmrl.config import TaskConfig
-from swarmrl.tasks.generators import addition, reverse_text
+from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.schema import Task
-from swarmrl.tasks.verifiers import verify
+from swarmrl.tasks.sources.generated import addition, reverse_text
 
 
 def _t(kind: str, answer: str) -> Task:
@@ -22,7 +22,7 @@ def test_reverse_text_similarity():
 
 
 def test_levenshtein():
-    from swarmrl.tasks.verifiers import levenshtein
+    from swarmrl.tasks.graders.registry import levenshtein
 
     assert levenshtein("kitten", "sitting") == 3
     assert levenshtein("", "abc") == 3

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarmrl.inference.backend import HFBackend
-from swarmrl.inference.rollouts import read_rollouts
+from bench.rollout_files import ISSUED, issued, make_judge, small_run
+from swarmrl.inference.hf import HFBackend
+from swarmrl.protocol.rollouts import read_rollouts
 from swarmrl.toploc.sampling import check_sampling
-from tests.unit.validator_util import make_judge, small_run
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -51,14 +51,15 @@ def made(random_model_dir, tmp_path_factory):
 
 
 def _file(report, name):
-    key, data = report[name]
+    key, data, assignment = report[name]
+    ISSUED[key] = assignment  # issued in the process that made the file
     return key, base64.b64decode(data)
 
 
 def test_an_honest_vllm_file_is_accepted(made):
     cfg, tmp, report = made
     key, data = _file(report, "honest")
-    v = make_judge(cfg, tmp).judge(key, data)
+    v = make_judge(cfg, tmp).judge(key, data, issued=issued(key))
     assert v.accepted, (v.check, v.reason)
     rows = read_rollouts(data)
     assert len(rows) == cfg.worker.groups_per_file * cfg.worker.group_size
@@ -68,7 +69,8 @@ def test_an_honest_vllm_file_is_accepted(made):
 def test_one_token_changed_is_rejected(made):
     """Generated with vLLM, one token changed, text and reward scored from the change."""
     cfg, tmp, report = made
-    v = make_judge(cfg, tmp).judge(*_file(report, "one_token"))
+    key, data = _file(report, "one_token")
+    v = make_judge(cfg, tmp).judge(key, data, issued=issued(key))
     assert not v.accepted
     assert v.check in ("proof", "sampling"), (v.check, v.reason)
     assert len(v.samples) == 1
@@ -77,7 +79,7 @@ def test_one_token_changed_is_rejected(made):
 def test_a_file_from_another_model_fails_the_proofs(made):
     cfg, tmp, report = made
     key, data = _file(report, "other_model")
-    v = make_judge(cfg, tmp).judge(key, data)
+    v = make_judge(cfg, tmp).judge(key, data, issued=issued(key))
     assert not v.accepted
     assert v.check == "proof", (v.check, v.reason)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from swarmrl.config import SamplingConfig, TaskConfig
-from swarmrl.models import warm_start as ws
+from swarmrl.apps import warm_start as ws
 from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def test_the_real_warm_start_lands_in_the_band(tmp_path, threads, seed):
     seeds: the sampled reward it records is inside the band, and measuring the saved
     model again gives the same number (a few minutes each)."""
     from swarmrl.config import load_config
-    from swarmrl.inference.backend import HFBackend
+    from swarmrl.inference.hf import HFBackend
     from swarmrl.models.loading import load_tokenizer
     from swarmrl.models.tiny import init_model
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from swarmrl.protocol.manifest import ManifestError, hash_file, verify_version
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.manifest import ManifestError, hash_file, verify_version
 
 
 def _publish(w: LocalWeights, v: int, payload: bytes = b"weights") -> None:

@@ -48,23 +48,23 @@ def one_token_changed():
 
 
 def main(tmp: Path, model: Path, other: Path) -> None:
-    from swarmrl.inference.vllm_backend import VLLMBackend
-    from tests.unit.validator_util import Maker, small_run
+    from bench.rollout_files import Maker, issued, small_run
+    from swarmrl.inference.vllm import VLLMBackend
 
     cfg = small_run(tmp, model)
     backend = VLLMBackend(kv_cache_gb=1, threads=1, max_model_len=256)
     maker = Maker(cfg, tmp, name="vllm-worker", backend=backend)
     report: dict = {}
     key, data = maker.file()
-    report["honest"] = [key, base64.b64encode(data).decode()]
+    report["honest"] = [key, base64.b64encode(data).decode(), issued(key)]
     key, data = maker.file(one_token_changed())
-    report["one_token"] = [key, base64.b64encode(data).decode()]
+    report["one_token"] = [key, base64.b64encode(data).decode(), issued(key)]
     report["before"] = completions(backend, maker.tokenizer)
     backend.load(other)
     report["swap_s"] = [backend.swap_s]
     report["other"] = completions(backend, maker.tokenizer)
     key, data = maker.file()
-    report["other_model"] = [key, base64.b64encode(data).decode()]
+    report["other_model"] = [key, base64.b64encode(data).decode(), issued(key)]
     backend.load(model)
     report["swap_s"].append(backend.swap_s)
     report["after"] = completions(backend, maker.tokenizer)

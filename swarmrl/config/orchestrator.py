@@ -1,0 +1,141 @@
+"""[orchestrator]: the settings of the protocol service (admission, work, storage,
+ledger), kept apart from the training sections of swarmrl/config/run.py, which
+loads and documents every section.
+
+Imports nothing heavy, as swarmrl/config/run.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from swarmrl.config.base import Section
+
+
+class OrchestratorConfig(Section):
+    """[orchestrator]: the service every process talks to (admission, work, ledger)."""
+
+    url: str = Field(
+        "",
+        description="Where processes reach the orchestrator, e.g. http://10.0.0.5:8700 "
+        "(`swarmrl rl` starts one and fills this).",
+    )
+    host: str = Field("127.0.0.1", description="Address `swarmrl orchestrator` listens on.")
+    port: int = Field(8700, ge=0, le=65535, description="Port it listens on (0: any free).")
+    database: str = Field(
+        "",
+        description="State database: '' for SQLite at runs/<name>/orchestrator/state.sqlite, a "
+        "path to a SQLite file, or a postgresql:// URL (several replicas may share one).",
+    )
+    store: Literal["local", "s3"] = Field(
+        "local",
+        description="Object store for rollout files: 'local' (a directory served by the "
+        "orchestrator over HTTP with HMAC-signed URLs) or 's3' (presigned URLs).",
+    )
+    store_dir: str = Field(
+        "", description="Directory of the local object store ('': runs/<name>/store)."
+    )
+    s3_bucket: str = Field("swarmrl", description="S3 bucket of rollout files.")
+    s3_endpoint: str = Field(
+        "", description="S3 endpoint URL ('' for AWS); credentials come from the environment."
+    )
+    s3_region: str = Field("us-east-1", description="S3 region.")
+    trainer_keys: list[str] = Field(
+        default_factory=list,
+        description="Public keys (hex) allowed to call trainer endpoints "
+        "(`swarmrl rl` fills it; otherwise runs/<name>/keys/trainer.pub).",
+    )
+    validator_keys: list[str] = Field(
+        default_factory=list,
+        description="Public keys (hex) allowed to call validator endpoints and sign verdicts "
+        "(default: validator.public_keys, then runs/<name>/keys/validator-*.pub).",
+    )
+    operator_token_file: str = Field(
+        "",
+        description="File holding the operator's bearer token ('': runs/<name>/keys/operator.token, "
+        "created with mode 0600 if missing).",
+    )
+    clock_window_s: float = Field(
+        60.0, gt=0.0, le=3600.0, description="Largest accepted age or lead of a signed request."
+    )
+    max_request_bytes: int = Field(
+        1 << 20, ge=1024, le=1 << 30, description="Largest API request body."
+    )
+    max_file_bytes: int = Field(
+        64 << 20, ge=1024, le=1 << 34, description="Largest rollout file a node may upload."
+    )
+    upload_url_ttl_s: float = Field(
+        300.0, gt=0.0, le=86400.0, description="Lifetime of a signed upload URL."
+    )
+    uploads_per_minute: int = Field(
+        60, ge=1, le=100_000, description="Upload URLs one node may request per minute."
+    )
+    heartbeat_s: float = Field(
+        2.0, gt=0.0, le=3600.0, description="How often nodes heartbeat (told to every node)."
+    )
+    unhealthy_after_s: float = Field(
+        10.0, gt=0.0, le=86400.0, description="Silence after which a node is unhealthy."
+    )
+    dead_after_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=864000.0,
+        description="Silence after which a node is dead and its unfinished work re-issued.",
+    )
+    stake: float = Field(
+        100.0, ge=0.0, le=1e12, description="Stake a worker must lock to join (ledger units)."
+    )
+    slash_fraction: float = Field(
+        1.0, ge=0.0, le=1.0, description="Fraction of its stake a caught cheater loses."
+    )
+    validity_window_s: float = Field(
+        86400.0,
+        gt=0.0,
+        le=1e8,
+        description="A contribution becomes final (can no longer be voided) this long after "
+        "it was submitted.",
+    )
+    margin_groups: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Groups assigned beyond what the trainer still needs "
+        "(worker.max_pending_groups, or trainer.batch_groups).",
+    )
+    assignment_s: float = Field(
+        600.0,
+        gt=0.0,
+        le=86400.0,
+        description="Time a node has to upload an assignment before it is re-issued.",
+    )
+    file_seconds: float = Field(
+        600.0,
+        gt=0.0,
+        le=86400.0,
+        description="Target generation time of one file: a node whose measured speed cannot "
+        "fill sampling.max_new_tokens per sample in this time gets a shorter length budget.",
+    )
+    min_new_tokens: int = Field(
+        8, ge=1, le=32768, description="Shortest length budget given to a slow node."
+    )
+    min_cpus: int = Field(1, ge=1, le=4096, description="Requirement: CPU cores of a worker.")
+    min_memory_gb: float = Field(
+        0.5, ge=0.0, le=1e5, description="Requirement: memory of a worker."
+    )
+    min_tokens_per_s: float = Field(
+        0.0, ge=0.0, le=1e9, description="Requirement: measured generation speed of a worker."
+    )
+    validation_lease_s: float = Field(
+        120.0,
+        gt=0.0,
+        le=86400.0,
+        description="Time a validator holds a file; then it goes to another validator.",
+    )
+    relay_reports: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="Distinct nodes reporting a relay before it stops being advertised.",
+    )

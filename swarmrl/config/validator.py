@@ -1,0 +1,58 @@
+"""The `[validator]` section: how rollout files are checked."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from swarmrl.config.base import Section
+
+
+class ValidatorConfig(Section):
+    """[validator]: TOPLOC proofs and the other checks of every rollout file."""
+
+    enabled: bool = Field(
+        True,
+        description="Run validators; the trainer then trains only on files a validator accepted.",
+    )
+    count: int = Field(1, ge=1, le=16, description="Validator processes (`swarmrl rl`).")
+    public_keys: list[str] = Field(
+        default_factory=list,
+        description="Validator keys (hex) whose verdicts the trainer trusts "
+        "(`swarmrl rl` fills it; otherwise runs/<name>/keys/validator-*.pub).",
+    )
+    max_exp_mismatches: int = Field(
+        38, ge=0, le=128, description="TOPLOC: exponent mismatches allowed per 128-entry chunk."
+    )
+    max_mantissa_mean: float = Field(
+        10.0, ge=0.0, le=128.0, description="TOPLOC: mean mantissa error allowed per chunk."
+    )
+    max_mantissa_median: float = Field(
+        8.0, ge=0.0, le=128.0, description="TOPLOC: median mantissa error allowed per chunk."
+    )
+    sampling_tolerance: float = Field(
+        0.01,
+        ge=0.0,
+        le=10.0,
+        description="Near-tie tolerance of the Gumbel-max check, in units of logits/T: "
+        "must exceed twice the logit error between worker and validator (float32 CPU: "
+        "< 1e-4; bfloat16 GPUs need more).",
+    )
+    logprob_tolerance: float | None = Field(
+        None,
+        ge=0.0,
+        le=10.0,
+        description="Largest mean difference over a file between a worker's log-probs and "
+        "the validator's (default by model.dtype: float32 2e-5, bfloat16 1e-2).",
+    )
+    max_batch_tokens: int = Field(
+        16384, ge=256, le=1 << 24, description="Padded tokens per validation prefill."
+    )
+    sample_rate: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of submitted files validated, drawn by the orchestrator after "
+        "upload (1: every file; below 1 the rest are trained on unchecked: spot-checking).",
+    )
+    threads: int = Field(1, ge=1, le=256, description="torch threads per validator process.")
+    poll_s: float = Field(0.2, gt=0.0, le=60.0, description="Wait between polls for files.")

@@ -1,0 +1,270 @@
+"""What `swarmrl rl` shows while the swarm runs and when it ends.
+
+One status line per trainer step (rewritten in place on a terminal): step,
+reward, difficulty level, fraction of groups with signal, staleness, throughput, live workers, weights lag and, with
+validators, the verdicts: honest files accepted and cheaters' files rejected.
+The sources are files of the run directory: metrics.jsonl (trainer),
+weights_latency.jsonl (SHARDCAST clients) and verdicts.jsonl (validators);
+node keys are mapped to process names through nodes/<name>/node.pub.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from swarmrl.config import RunConfig
+from swarmrl.launch.report import read_metrics
+
+
+def _fmt_s(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being appended right now
+            continue
+    return out
+
+
+def weights_lag(run: Path, last: int = 8) -> float | None:
+    """Mean seconds from publish to a node having the version, over the last rows."""
+    rows = _jsonl(run / "weights_latency.jsonl")
+    for node in (run / "nodes").glob("*/weights_latency.jsonl"):
+        rows += _jsonl(node)
+    rows = sorted(rows, key=lambda r: r["time"])[-last:]
+    return sum(r["latency_s"] for r in rows) / len(rows) if rows else None
+
+
+def cheater_nodes(run: Path) -> set[str]:
+    return {p.read_text().strip() for p in (run / "nodes").glob("cheater-*/node.pub")}
+
+
+def verdict_counts(run: Path) -> dict:
+    """Accepted and rejected files, honest nodes and cheaters apart, and the failing checks."""
+    cheaters = cheater_nodes(run)
+    c = Counter()
+    checks = Counter()
+    for v in _jsonl(run / "verdicts.jsonl"):
+        who = "cheater" if v["node"] in cheaters else "honest"
+        c[(who, v["accepted"])] += 1
+        if not v["accepted"]:
+            checks[f"{who}:{v['check']}"] += 1
+    return {
+        "honest_accepted": c[("honest", True)],
+        "honest_rejected": c[("honest", False)],
+        "cheater_accepted": c[("cheater", True)],
+        "cheater_rejected": c[("cheater", False)],
+        "checks": dict(checks),
+    }
+
+
+def _verdict_text(run: Path) -> str:
+    v = verdict_counts(run)
+    honest = v["honest_accepted"] + v["honest_rejected"]
+    text = f"honest files accepted {v['honest_accepted']}/{honest}"
+    cheats = v["cheater_accepted"] + v["cheater_rejected"]
+    if cheats:
+        text += f", cheater files rejected {v['cheater_rejected']}/{cheats}"
+    return text
+
+
+def fetch_ledger(url: str) -> dict | None:
+    import httpx
+
+    try:
+        return httpx.get(url.rstrip("/") + "/v1/ledger", timeout=2.0).json()
+    except (httpx.HTTPError, ValueError):  # shown as unreachable; the run goes on
+        return None
+
+
+class Progress:
+    """One status line: a rewritten line on a terminal, a line per step otherwise."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        metrics: Path,
+        cheats: list[str] | None = None,
+        orchestrator: str | None = None,
+    ):
+        self.cfg = cfg
+        self.orchestrator = orchestrator
+        self.metrics = metrics
+        self.run = metrics.parent
+        self.cheats = cheats or []
+        self.tty = sys.stdout.isatty()
+        self.shown = 0
+        self.t0 = time.time()
+        self.first_step: int | None = None
+
+    def update(self, alive_workers: int) -> None:
+        rows = read_metrics(self.metrics)
+        if not rows or rows[-1]["step"] == self.shown:
+            return
+        last = rows[-1]
+        if self.first_step is None:
+            self.first_step = last["step"]
+        done_here = last["step"] - self.first_step + 1
+        per_step = (time.time() - self.t0) / max(done_here, 1)
+        eta = per_step * (self.cfg.trainer.steps - last["step"])
+        if self.cfg.trainer.max_minutes:  # the run also ends at this much training time
+            eta = min(eta, max(0.0, 60 * self.cfg.trainer.max_minutes - last["elapsed_s"]))
+        samples_s = sum(r["samples"] for r in rows) / max(last["elapsed_s"], 1e-9)
+        lag = weights_lag(self.run)
+        lag_s = f" | weights lag {lag:.2f}s" if lag is not None else ""
+        if self.cfg.validator.enabled:
+            checked = f" | {_verdict_text(self.run)}{self._ledger_text()}"
+        else:
+            checked = f" | rejected {sum(r['rejected_files'] for r in rows)}"
+        line = (
+            f"step {last['step']}/{self.cfg.trainer.steps} | reward {last['reward']:.3f} "
+            f"(first {rows[0]['reward']:.3f}) | level {last.get('level', 0)} | "
+            f"signal {last.get('signal_fraction', 1.0):.2f} | staleness {last['staleness']:.2f} | "
+            f"{samples_s:.0f} samples/s | workers {alive_workers}/{self.cfg.launcher.workers}"
+            f"{checked}{lag_s} | ETA {_fmt_s(eta)}"
+        )
+        self.shown = last["step"]
+        if self.tty:
+            print("\r" + line.ljust(140), end="", flush=True)
+        else:
+            print(line, flush=True)
+
+    def _ledger_text(self) -> str:
+        """Ejected nodes and stake slashed, from the orchestrator's public ledger."""
+        if not self.orchestrator:
+            return ""
+        led = fetch_ledger(self.orchestrator)
+        if led is None:
+            return " | orchestrator unreachable"
+        out = [n for n in led["nodes"] if n["state"] in ("ejected", "banned")]
+        if not out:
+            return ""
+        slashed = sum(n["slashed"] for n in led["nodes"])
+        return f" | ejected {len(out)}, slashed {slashed:.0f}"
+
+    def close(self) -> None:
+        if self.tty:
+            print(flush=True)
+
+
+def samples_per_s(rows: list[dict]) -> float:
+    """Samples trained on per second of trainer time over rows[1:] (rows[0] marks where
+    the span starts)."""
+    if len(rows) < 2:
+        return 0.0
+    span = rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]
+    return sum(r["samples"] for r in rows[1:]) / max(span, 1e-9)
+
+
+def run_shape(cfg: RunConfig, rows: list[dict]) -> str:
+    """Difficulty reached, the cost per trained group, and throughput at start and end."""
+    top = max(r.get("level", 0) for r in rows)
+    need = cfg.trainer.batch_groups
+    worst = max(r.get("groups_read", need) for r in rows) / need
+    signal = sum(r.get("signal_fraction", 1.0) for r in rows) / len(rows)
+    text = (
+        f"highest difficulty level {top} | groups with signal {signal:.0%} on average, "
+        f"worst step read {worst:.1f}x the groups it trained on"
+    )
+    if len(rows) >= 42:
+        text += (
+            f" | trained samples/s, steps 2-21: {samples_per_s(rows[:21]):.0f}, "
+            f"last 20: {samples_per_s(rows[-21:]):.0f}"
+        )
+    return text
+
+
+def held_out(cfg: RunConfig, run: Path, n: int = 256) -> list[str]:
+    """Greedy held-out reward of the starting and the final policy at the starting
+    difficulty (and of the final one at the highest level reached); also written to
+    runs/<name>/eval.json."""
+    from swarmrl.apps.evaluate import evaluate
+
+    rows = read_metrics(run / "metrics.jsonl")
+    final = run / "final"
+    if not rows or not final.exists() or cfg.task.dataset:
+        return []
+    start, top = cfg.curriculum.start_level, max(r.get("level", 0) for r in rows)
+    max_new = cfg.sampling.max_new_tokens
+    res = {
+        "start_model": evaluate(cfg.model.path, cfg.task, n, max_new, threads=2, level=start),
+        "final_model": evaluate(str(final), cfg.task, n, max_new, threads=2, level=start),
+    }
+    if top != start:
+        res["final_model_top_level"] = evaluate(
+            str(final), cfg.task, n, max_new, threads=2, level=top
+        )
+    for r in res.values():
+        r.pop("samples", None)
+    (run / "eval.json").write_text(json.dumps(res, indent=2) + "\n")
+    a, b = res["start_model"], res["final_model"]
+    out = [
+        f"held-out greedy reward at level {start} ({n} problems): start {a['mean_reward']:.3f} -> "
+        f"final {b['mean_reward']:.3f} (exact {a['accuracy']:.3f} -> {b['accuracy']:.3f})"
+    ]
+    if top != start:
+        c = res["final_model_top_level"]
+        out.append(
+            f"held-out greedy reward of the final policy at level {top}: {c['mean_reward']:.3f}"
+        )
+    return out
+
+
+def ledger_line(ledger: dict) -> str:
+    """Nodes by state, files accepted, and the cheaters the orchestrator caught."""
+    nodes = [n for n in ledger["nodes"] if n["role"] == "worker"]
+    states = Counter(n["state"] for n in nodes)
+    text = f"ledger: {len(nodes)} workers (" + ", ".join(
+        f"{k} {v}" for k, v in sorted(states.items())
+    )
+    text += f"), {sum(n['accepted'] for n in nodes)} files accepted"
+    caught = [n for n in nodes if n["state"] == "ejected"]
+    if caught:
+        text += (
+            f", {len(caught)} ejected with {sum(n['void'] for n in caught)} contributions voided"
+            f" and {sum(n['slashed'] for n in caught):.0f} stake slashed"
+        )
+    return text
+
+
+def summary_lines(cfg: RunConfig, run: Path, ledger: dict | None = None) -> list[str]:
+    """The closing lines of a finished run (`ledger`: the orchestrator's, read before it stopped)."""
+    out = []
+    rows = read_metrics(run / "metrics.jsonl")
+    if rows:
+        k = min(5, len(rows))
+        first = sum(r["reward"] for r in rows[:k]) / k
+        last = sum(r["reward"] for r in rows[-k:]) / k
+        out.append(
+            f"done in {rows[-1]['elapsed_s']:.0f}s: mean reward first {k} steps {first:.3f}, "
+            f"last {k} steps {last:.3f} ({last - first:+.3f})"
+        )
+        out.append(run_shape(cfg, rows))
+    lag = weights_lag(run, last=1 << 30)
+    if lag is not None:
+        out.append(f"weights reached nodes {lag:.2f}s after publish on average")
+    if cfg.validator.enabled:
+        v = verdict_counts(run)
+        reasons = ", ".join(f"{k} {n}" for k, n in sorted(v["checks"].items()))
+        out.append(
+            f"validation: {_verdict_text(run)}" + (f" (failed: {reasons})" if reasons else "")
+        )
+    if ledger is not None:
+        out.append(ledger_line(ledger))
+    if cfg.launcher.eval_problems:
+        out.extend(held_out(cfg, run, cfg.launcher.eval_problems))
+    out.append(f"metrics {run / 'metrics.jsonl'}, plot {run / 'report.png'}, model {run / 'final'}")
+    return out

@@ -1,0 +1,219 @@
+"""Dishonest workers, for `swarmrl rl --cheaters N` and the detection tests.
+
+Each cheat is a worker that saves work or games the reward in one way, and
+otherwise behaves like an honest one, so that the validator has to catch it
+by that one thing:
+
+- other-model: generates and proves with a copy of the policy moved away from
+  it (every weight tensor plus 5% of its own std of noise);
+- low-precision: rounds the policy weights to bfloat16;
+- altered-prompt: generates from the assigned prompt with a system line in
+  front, and reports the assigned prompt;
+- cheap-tokens: makes tokens with another model (here: a fresh initialisation
+  of the same architecture, standing for a smaller one) and the assigned
+  seeds, then proves them honestly with one prefill of the policy;
+- inflated-reward: honest generation, every reward reported as 1;
+- wrong-seed: samples with seeds of its own choosing, and reports the
+  assigned ones;
+- truncate: cuts completions short (the end-of-sequence token included) and
+  proves and scores the shortened ones honestly;
+- wrong-prompts: answers problems other than the assigned ones;
+- easy-level: answers problems of the easiest difficulty level (and no
+  down-weighting of mastered problems) instead of the issued sampler state;
+- replay: after one honest file, submits that file again, relabelled, as the
+  work of every later assignment.
+
+These are test fixtures of the validator, not part of an honest run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from swarmrl.inference.hf import Completion, HFBackend
+from swarmrl.inference.worker import Honest, score_row
+from swarmrl.protocol.prompts import AssignedPrompt, assigned_prompts
+from swarmrl.protocol.sampler import SamplerState
+from swarmrl.toploc.proof import build_proofs_many
+
+SYSTEM_LINE = "You are a careful assistant.\n"
+
+
+def perturb(model, scale: float, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            p.add_((noise * scale * p.float().std()).to(p.dtype))
+
+
+def prove_by_prefill(backend, prompts, completions: list[list[int]]) -> list[Completion]:
+    """Proofs and log-probs of given tokens from one honest prefill of `backend`'s model."""
+    done = backend.prefill(prompts, completions)
+    proofs = build_proofs_many([h for h, _ in done])
+    out = []
+    for toks, (_, logits), pr in zip(completions, done, proofs, strict=True):
+        lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(toks)[:, None]).squeeze(-1)
+        out.append(Completion(list(toks), lp.tolist(), False, pr))
+    return out
+
+
+class OtherModel(Honest):
+    name = "other-model"
+
+    def __init__(self, seed: int = 0, scale: float = 0.05):
+        self.seed, self.scale = seed, scale
+
+    def after_load(self, backend) -> None:
+        perturb(backend.model, self.scale, self.seed)
+
+
+class LowPrecision(Honest):
+    name = "low-precision"
+
+    def after_load(self, backend) -> None:
+        with torch.no_grad():
+            for p in backend.model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(p.dtype))
+
+
+class AlteredPrompt(Honest):
+    name = "altered-prompt"
+
+    def complete(self, cfg, backend, plan):
+        from swarmrl.models.prompting import encode_prompt
+
+        tok = self.tokenizer
+        altered = [
+            AssignedPrompt(
+                p.task, p.target_length, p.text, encode_prompt(tok, SYSTEM_LINE + p.text), p.seeds
+            )
+            for p in plan
+        ]
+        return super().complete(cfg, backend, altered)
+
+    def plan(self, cfg, source, tokenizer, a):
+        self.tokenizer = tokenizer
+        return super().plan(cfg, source, tokenizer, a)
+
+
+class CheapTokens(Honest):
+    name = "cheap-tokens"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.cheap: HFBackend | None = None
+
+    def after_load(self, backend) -> None:
+        if self.cheap is not None:
+            return  # the cheap model does not follow the policy
+        torch.manual_seed(1_000_003 + self.seed)  # not the seed any policy was built with
+        self.cheap = HFBackend(dtype=backend.dtype, device=backend.device)
+        self.cheap.model = type(backend.model)(backend.model.config).eval()
+        self.cheap.eos_id, self.cheap.pad_id = backend.eos_id, backend.pad_id
+
+    def complete(self, cfg, backend, plan):
+        made = super().complete(cfg, self.cheap, plan)  # the cheap model, no proofs needed
+        prompts = [p.tokens for p in plan for _ in p.seeds]
+        proved = prove_by_prefill(backend, prompts, [c.tokens for c in made])
+        for c, m in zip(proved, made, strict=True):
+            c.finished = m.finished
+        return proved
+
+
+class InflatedReward(Honest):
+    name = "inflated-reward"
+
+    def tamper(self, cfg, tokenizer, backend, plan, rows):
+        for r in rows:
+            r.update(reward=1.0, task_reward=1.0, length_penalty=0.0)
+        return rows
+
+
+class WrongSeed(Honest):
+    name = "wrong-seed"
+
+    def complete(self, cfg, backend, plan):
+        """Samples with seeds of its own, and reports the assigned ones."""
+        mine = [
+            AssignedPrompt(p.task, p.target_length, p.text, p.tokens, [s + 1 for s in p.seeds])
+            for p in plan
+        ]
+        return super().complete(cfg, backend, mine)
+
+
+class Truncate(Honest):
+    name = "truncate"
+
+    def tamper(self, cfg, tokenizer, backend, plan, rows):
+        cut = [r["completion_tokens"][: max(1, len(r["completion_tokens"]) - 1)] for r in rows]
+        proved = prove_by_prefill(backend, [r["prompt_tokens"] for r in rows], cut)
+        out = []
+        for r, c in zip(rows, proved, strict=True):
+            p = plan[r["group"]]
+            j = p.seeds.index(r["seed"])
+            out.append(r | score_row(cfg, tokenizer, p, r["group"], j, c))
+        return out
+
+
+class WrongPrompts(Honest):
+    name = "wrong-prompts"
+
+    def plan(self, cfg, source, tokenizer, a):
+        return assigned_prompts(cfg, source, tokenizer, a.seed + 1, a.sampler or SamplerState())
+
+
+class EasyLevel(Honest):
+    name = "easy-level"
+
+    def plan(self, cfg, source, tokenizer, a):
+        return assigned_prompts(cfg, source, tokenizer, a.seed, SamplerState())
+
+
+class Replay(Honest):
+    name = "replay"
+
+    def __init__(self):
+        self.first: bytes | None = None
+
+    def upload(self, client, a, data):
+        """Uploads its first file honestly, then passes that file off as the work of
+        every later assignment, relabelled with its step and policy. The same bytes
+        again are refused by the orchestrator; relabelled bytes are new to it, and the
+        validator finds prompts that are not the assignment's."""
+        from swarmrl.inference.worker import upload_file
+        from swarmrl.protocol.rollouts import read_rollouts, write_rollouts
+
+        if self.first is None:
+            self.first = data
+        else:
+            rows = read_rollouts(self.first)
+            data = write_rollouts(
+                [r | {"step": a.step, "policy_step": a.policy_step} for r in rows]
+            )
+        return upload_file(client, a, data)
+
+
+CHEATS = {
+    c.name: c
+    for c in (
+        OtherModel,
+        LowPrecision,
+        AlteredPrompt,
+        CheapTokens,
+        InflatedReward,
+        WrongSeed,
+        Truncate,
+        WrongPrompts,
+        EasyLevel,
+        Replay,
+    )
+}
+RL_CHEATS = ["other-model", "low-precision", "altered-prompt", "cheap-tokens", "inflated-reward"]
+
+
+def make_cheat(name: str, seed: int = 0) -> Honest:
+    if name not in CHEATS:
+        raise ValueError(f"unknown cheat '{name}'; known: {', '.join(CHEATS)}")
+    cls = CHEATS[name]
+    return cls(seed=seed) if name in ("other-model", "cheap-tokens") else cls()

@@ -1,0 +1,134 @@
+"""Verifiers: score a completion against a task, keyed by task_type.
+
+Each verifier returns a task reward in [0, 1]. `reverse_text` is graded:
+1 − Levenshtein(completion, answer) / max(len): a first version used difflib's
+ratio 2·M/(|a|+|b|), and the tiny policy learned to game it with short partial
+answers ("irpr" for "iportrx" scored 0.55); edit distance charges every
+missing character. `addition` is exact: the last integer in the completion must be
+the sum. Taking the last integer lets chat models that answer "The answer is
+579." be scored too; a completion listing many numbers is still scored on its
+last one only, which is the documented rule, not a loophole worth more than 0.
+`reasoning_gym` and `verifiers` use the scorer of the task family or
+environment they come from (tasks/sources/gym.py, tasks/sources/environments.py). `math` extracts the final answer (the last \\boxed{}, else a pattern) and
+compares it symbolically with math-verify in a time-bounded process
+(tasks/graders/math.py). `code` runs the completion's program against the task's
+tests in a sandbox (tasks/graders/code.py, tasks/graders/sandbox.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from swarmrl.tasks.schema import Task
+
+Verifier = Callable[[Task, str], float]
+
+
+def levenshtein(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def score_reverse_text(task: Task, completion: str) -> float:
+    target = str(task.verification_info["answer"])
+    got = completion.strip()
+    longest = max(len(got), len(target))
+    if longest == 0:
+        return 1.0
+    return 1.0 - levenshtein(got, target) / longest
+
+
+_INT = re.compile(r"-?\d[\d,]*")
+
+
+def score_addition(task: Task, completion: str) -> float:
+    found = _INT.findall(completion)
+    if not found:
+        return 0.0
+    return 1.0 if found[-1].replace(",", "") == str(task.verification_info["answer"]) else 0.0
+
+
+def score_math_task(task: Task, completion: str) -> float:
+    """`math`: verification_info {"answer": ground truth, "pattern": optional regex
+    for the answer when the completion has no \\boxed{}} (tasks/graders/math.py)."""
+    from swarmrl.tasks.graders.math import score_math
+
+    info = task.verification_info
+    return score_math(completion, str(info["answer"]), info.get("pattern"))
+
+
+def score_code_task(task: Task, completion: str) -> float:
+    """`code`: verification_info {"tests": [...]} (tasks/graders/code.py)."""
+    from swarmrl.tasks.graders.code import score_code
+
+    return score_code(completion, task.verification_info)
+
+
+def score_gym_task(task: Task, completion: str) -> float:
+    """`reasoning_gym`: the family's own scorer (tasks/sources/gym.py)."""
+    from swarmrl.tasks.sources.gym import score_gym
+
+    return score_gym(task.verification_info, completion)
+
+
+def score_env_task(task: Task, completion: str) -> float:
+    """`verifiers`: the taskset's own rewards (tasks/sources/environments.py)."""
+    from swarmrl.tasks.sources.environments import score_env
+
+    return score_env(task.verification_info, completion)
+
+
+VERIFIERS: dict[str, Verifier] = {
+    "reverse_text": score_reverse_text,
+    "addition": score_addition,
+    "math": score_math_task,
+    "code": score_code_task,
+    "reasoning_gym": score_gym_task,
+    "verifiers": score_env_task,
+}
+
+
+def info_error(task: Task) -> str | None:
+    """Why the task's verification_info cannot be graded by its verifier, or None;
+    the message names the field (task files are checked with this on load)."""
+    info = task.verification_info
+    if task.task_type in ("reverse_text", "addition", "math") and "answer" not in info:
+        return "field 'verification_info.answer' is missing"
+    if task.task_type == "reasoning_gym":
+        missing = {"family", "seed", "size", "item", "options"} - set(info)
+        if missing:
+            return f"verification_info: missing {sorted(missing)}"
+    if task.task_type == "verifiers":
+        missing = {"env", "args", "row"} - set(info)
+        if missing:
+            return f"verification_info: missing {sorted(missing)}"
+    if task.task_type == "code":
+        from swarmrl.tasks.graders.code import validate_tests
+
+        why = validate_tests(info)
+        return None if why is None else f"verification_info: {why}"
+    return None
+
+
+def configure(cfg) -> None:
+    """Apply the run config's verifier settings in this process (a worker and a
+    validator of one run call this with the same config, so they grade alike)."""
+    from swarmrl.tasks.graders.code import configure as configure_code
+
+    configure_code(cfg.code)
+
+
+def verify(task: Task, completion: str) -> float:
+    try:
+        verifier = VERIFIERS[task.task_type]
+    except KeyError:
+        raise KeyError(
+            f"no verifier for task_type '{task.task_type}' (known: {sorted(VERIFIERS)})"
+        ) from None
+    return verifier(task, completion)
