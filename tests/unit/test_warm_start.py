@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarmrl.config import SamplingConfig, TaskConfig
 from swarmrl.apps import warm_start as ws
+from swarmrl.config import SamplingConfig, TaskConfig
 from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
