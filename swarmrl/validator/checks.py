@@ -34,6 +34,7 @@ Steps 1 to 6 need no model; 7 and 8 share one prefill.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -99,6 +100,16 @@ class Context:
     max_batch_tokens: int = 16384
     max_prompt_tokens: int = 4096
     issued: dict | None = None  # the file's assignment as the orchestrator issued it
+
+    def with_issued(self, issued: dict) -> Context:
+        """This context for one file's assignment as the orchestrator issued it: its
+        sampler state, and its node's length budget in place of the run's."""
+        cfg = self.cfg
+        budget = issued.get("max_new_tokens") or cfg.sampling.max_new_tokens
+        if budget != cfg.sampling.max_new_tokens:
+            sampling = cfg.sampling.model_copy(update={"max_new_tokens": budget})
+            cfg = cfg.model_copy(update={"sampling": sampling})
+        return dataclasses.replace(self, cfg=cfg, issued=issued)
 
     def limits(self) -> Limits:
         return Limits(

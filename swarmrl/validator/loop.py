@@ -96,7 +96,7 @@ class Judge:
         t0 = time.time()
         ctx = self.ctx
         if issued is not None:
-            ctx = _issued_context(ctx, issued)
+            ctx = ctx.with_issued(issued)
         digest = sha256(data)
         info = parse_rollout_key(key) or {"node": "", "step": -1, "policy": -1, "counter": -1}
         v = Verdict(key, digest, info["node"], info["step"], info["policy"], accepted=False)
@@ -128,16 +128,6 @@ class Judge:
         v.seconds = round(time.time() - t0, 4)
         v.time = time.time()
         return v.signed(self.key)
-
-
-def _issued_context(ctx: Context, issued: dict) -> Context:
-    cfg = ctx.cfg
-    budget = issued.get("max_new_tokens") or cfg.sampling.max_new_tokens
-    if budget != cfg.sampling.max_new_tokens:
-        cfg = cfg.model_copy(
-            update={"sampling": cfg.sampling.model_copy(update={"max_new_tokens": budget})}
-        )
-    return dataclasses.replace(ctx, cfg=cfg, issued=issued)
 
 
 def judge_claimed(judge: Judge, f: dict, data: bytes, trainer_step: int | None) -> Verdict | None:

@@ -191,10 +191,12 @@ def test_rollout_files_round_trip_and_rewards_are_re_scored(
 
     rows = _with_right_answers(maker, read_rollouts(data), answer)
     assert all(r["task_reward"] == 1.0 for r in rows)
-    check_without_model(judge.ctx, key, write_rollouts(rows))  # re-scored: the same rewards
+    check_without_model(
+        judge.ctx.with_issued(issued(key)), key, write_rollouts(rows)
+    )  # re-scored: the same rewards
     rows[1] = {**rows[1], "task_reward": 0.0, "reward": 0.0}  # under-claimed: also caught
     with pytest.raises(Reject) as e:
-        check_without_model(judge.ctx, key, write_rollouts(rows))
+        check_without_model(judge.ctx.with_issued(issued(key)), key, write_rollouts(rows))
     assert e.value.check == "reward"
 
 

@@ -22,7 +22,7 @@ def test_reverse_text_similarity():
 
 
 def test_levenshtein():
-    from swarmrl.tasks.graders.registry import levenshtein
+    from swarmrl.tasks.graders.text import levenshtein
 
     assert levenshtein("kitten", "sitting") == 3
     assert levenshtein("", "abc") == 3

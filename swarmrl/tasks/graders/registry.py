@@ -1,14 +1,7 @@
-"""Verifiers: score a completion against a task, keyed by task_type.
+"""The grader registry: score a completion against a task, keyed by task_type.
 
-Each verifier returns a task reward in [0, 1]. `reverse_text` is graded:
-1 − Levenshtein(completion, answer) / max(len): a first version used difflib's
-ratio 2·M/(|a|+|b|), and the tiny policy learned to game it with short partial
-answers ("irpr" for "iportrx" scored 0.55); edit distance charges every
-missing character. `addition` is exact: the last integer in the completion must be
-the sum. Taking the last integer lets chat models that answer "The answer is
-579." be scored too; a completion listing many numbers is still scored on its
-last one only, which is the documented rule, not a loophole worth more than 0.
-`reasoning_gym` and `verifiers` use the scorer of the task family or
+Each grader returns a task reward in [0, 1]. `reverse_text` and `addition` are
+graded by tasks/graders/text.py. `reasoning_gym` and `verifiers` use the scorer of the task family or
 environment they come from (tasks/sources/gym.py, tasks/sources/environments.py). `math` extracts the final answer (the last \\boxed{}, else a pattern) and
 compares it symbolically with math-verify in a time-bounded process
 (tasks/graders/math.py). `code` runs the completion's program against the task's
@@ -17,41 +10,12 @@ tests in a sandbox (tasks/graders/code.py, tasks/graders/sandbox.py).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
+from swarmrl.tasks.graders.text import score_addition, score_reverse_text
 from swarmrl.tasks.schema import Task
 
 Verifier = Callable[[Task, str], float]
-
-
-def levenshtein(a: str, b: str) -> int:
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
-def score_reverse_text(task: Task, completion: str) -> float:
-    target = str(task.verification_info["answer"])
-    got = completion.strip()
-    longest = max(len(got), len(target))
-    if longest == 0:
-        return 1.0
-    return 1.0 - levenshtein(got, target) / longest
-
-
-_INT = re.compile(r"-?\d[\d,]*")
-
-
-def score_addition(task: Task, completion: str) -> float:
-    found = _INT.findall(completion)
-    if not found:
-        return 0.0
-    return 1.0 if found[-1].replace(",", "") == str(task.verification_info["answer"]) else 0.0
 
 
 def score_math_task(task: Task, completion: str) -> float:
