@@ -57,7 +57,7 @@ class NodeRefused(RuntimeError):
 
 
 class Honest:
-    """The worker's steps for one file. The cheats of `cheats.py` override some of
+    """The worker's steps for one file. The cheats of `sim/cheats.py` override some of
     them; an honest worker runs them as they are."""
 
     name = "honest"

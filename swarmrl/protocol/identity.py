@@ -1,4 +1,4 @@
-"""Identities: ed25519 keys (PyNaCl) for the trainer and, later, every node.
+"""Identities: ed25519 keys (PyNaCl) for the trainer, validators and every node.
 
 A key file holds the 32-byte seed as hex, created with mode 0600. The public
 key, also hex, is what others are told to trust: the trainer's public key is

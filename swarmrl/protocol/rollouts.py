@@ -1,8 +1,8 @@
 """Rollout files: one parquet file per upload, one row per completion, whole groups.
 
-The schema is DESIGN.md's, checked exactly on read: a file with a missing,
-extra or mistyped column, a list longer than the configured limits, a group
-that is not whole, or a non-finite number is rejected with a reason
+The schema (docs/reference/formats.md) is checked exactly on read: a file with
+a missing, extra or mistyped column, a list longer than the configured limits,
+a group that is not whole, or a non-finite number is rejected with a reason
 (`RolloutFileError`). Reading never trusts the file: parquet decoding errors
 are turned into the same error, so a hostile file cannot crash the reader.
 """

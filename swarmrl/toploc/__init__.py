@@ -2,7 +2,7 @@
 
 - poly.py: polynomial arithmetic over GF(65497), vectorised with numpy;
 - proof.py: building and checking chunk proofs of final-norm hidden states,
-  byte for byte the format of ../shared/TOPLOC.md (32 positions per chunk,
+  byte for byte the published format, docs/toploc.md (32 positions per chunk,
   top-128, 258 bytes), for many samples at once;
 - sampling.py: seeded Gumbel-max sampling (counter-based noise, the same on
   every device and batch) and the validator's token-by-token check of it,

@@ -1,4 +1,4 @@
-"""TOPLOC proofs, byte for byte the published format (../shared/TOPLOC.md).
+"""TOPLOC proofs, byte for byte the published format (docs/toploc.md).
 
 A sample's last hidden states (output of the final norm, bfloat16, one row per
 generated token) are cut into chunks of 32 rows. For each chunk: the top-k

@@ -1,4 +1,4 @@
-"""TOPLOC proof format and arithmetic, on hand-computed numbers and the TOPLOC.md example."""
+"""TOPLOC proof format and arithmetic, on hand-computed numbers and the example of docs/toploc.md."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from swarmrl.toploc.proof import (
     injective_modulus,
 )
 
-EXAMPLE = bytes.fromhex("ffd91b422b67ba4b756d")  # TOPLOC.md: k = 4
+EXAMPLE = bytes.fromhex("ffd91b422b67ba4b756d")  # docs/toploc.md: k = 4
 
 
 def test_example_of_the_spec_decodes_and_reencodes():
