@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from swarmrl.launch.supervisor import free_port  # noqa: F401  (the benchmarks import it from here)
+
 MB = 1e6
 
 
@@ -42,12 +44,6 @@ def warm_cache(path: Path) -> None:
         while f.read(16 << 20):
             pass
     os.sync()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, timeout: float = 20.0) -> None:

@@ -13,22 +13,26 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 
 from swarmrl.config.diloco import DilocoConfig
 from swarmrl.config.pretrain import PretrainConfig
-from swarmrl.launch.swarm import Proc, _free_port, _tail
+from swarmrl.launch.supervisor import Action, Proc, Supervisor, free_port, tail
 
 
 def lighthouse_proc(d: DilocoConfig, run: Path) -> tuple[Proc, str]:
-    """A lighthouse process on a free loopback port, and its URL."""
-    port = _free_port("127.0.0.1")
+    """A lighthouse process on a free loopback port, and its URL; restarted on any exit."""
+    port = free_port("127.0.0.1")
     argv = [sys.executable, "-m", "swarmrl.diloco.lighthouse", "--bind", f"127.0.0.1:{port}",
             "--min-sites", str(d.min_sites), "--join-timeout-s", str(d.join_timeout_s),
             "--heartbeat-timeout-s", str(d.heartbeat_timeout_s)]  # fmt: skip
-    return Proc("lighthouse", argv, run / "logs" / "lighthouse.log", 1), f"http://127.0.0.1:{port}"
+    proc = Proc(
+        "lighthouse", argv, run / "logs" / "lighthouse.log", max_restarts=None, keep_up=True
+    )
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def read_rows(run: Path) -> list[dict]:
@@ -82,6 +86,56 @@ def site_argv(config_path: str | None, overrides: list[str], site: int, lighthou
             "--lighthouse", lighthouse, *(["--resume"] if resume else []), *cfg_args]  # fmt: skip
 
 
+def site_proc(cfg: PretrainConfig, config_path: str | None, overrides: list[str], site: int,
+              lighthouse: str, run: Path, resume: bool) -> Proc:  # fmt: skip
+    """Site `site`; with `restart`, restarted without limit, from its newest checkpoint."""
+    argv = site_argv(config_path, overrides, site, lighthouse, resume)
+    i = argv.index("--site")
+    again = None if "--resume" in argv else argv[:i] + ["--resume"] + argv[i:]
+    return Proc(f"site-{site}", argv, run / "logs" / f"site-{site}.log", cfg.threads,
+                max_restarts=None if cfg.restart else 0, restart_argv=again)  # fmt: skip
+
+
+class DilocoWatch:
+    """What `swarmrl diloco` shows and decides while its sites run (a supervisor.Watcher)."""
+
+    def __init__(self, cfg: PretrainConfig, run: Path, lighthouse: Proc | None, sites: list[Proc]):
+        self.cfg, self.run, self.lighthouse, self.sites = cfg, run, lighthouse, sites
+        self.t0, self.shown, self.tty, self.done_at = time.time(), "", sys.stdout.isatty(), None
+
+    def exited(self, proc: Proc, code: int, action: Action) -> int | None:
+        if proc is self.lighthouse:
+            print(f"the lighthouse exited ({code}); restarting it on the same port", flush=True)
+            return None
+        print(f"{proc.name} exited with code {code}:\n{tail(proc.log_path)}", flush=True)
+        if action == "give_up":
+            return 1
+        print(f"{proc.name}: restarting (from its newest checkpoint; a live peer "
+              "further on heals it)", flush=True)  # fmt: skip
+        return None
+
+    def round(self, seen: dict[str, int | None]) -> int | None:
+        codes = [seen[p.name] for p in self.sites]
+        if all(code == 0 for code in codes):
+            return 0
+        if any(code == 0 for code in codes):  # the run is over; a late joiner has no quorum
+            self.done_at = self.done_at or time.time()
+            if time.time() - self.done_at > 60:
+                print("the run is over; stopping sites that did not finish", flush=True)
+                return 0
+        else:
+            self.done_at = None
+        line = progress_line(self.cfg, read_rows(self.run), sum(c is None for c in codes), self.t0)
+        if line != self.shown:
+            print(("\r" + line + "\033[K") if self.tty else line, end="" if self.tty else "\n",
+                  flush=True)  # fmt: skip
+            self.shown = line
+        return None
+
+    def interrupted(self, signum: int) -> int:  # not called: run_diloco catches no signal
+        raise KeyboardInterrupt
+
+
 def run_diloco(cfg: PretrainConfig, config_path: str | None, overrides: list[str],
                fresh: bool, resume: bool = False) -> int:  # fmt: skip
     run = Path(cfg.runs_dir) / cfg.name
@@ -96,59 +150,23 @@ def run_diloco(cfg: PretrainConfig, config_path: str | None, overrides: list[str
     if not lighthouse:
         server, lighthouse = lighthouse_proc(cfg.diloco, run)
         server.start()
-    procs = [
-        Proc(
-            f"site-{k}",
-            site_argv(config_path, overrides, k, lighthouse, resume),
-            run / "logs" / f"site-{k}.log",
-            cfg.threads,
-        )  # fmt: skip
-        for k in range(cfg.sites)
+    sites = [
+        site_proc(cfg, config_path, overrides, k, lighthouse, run, resume) for k in range(cfg.sites)
     ]
-    for p in procs:
+    for p in sites:
         p.start()
-    t0, shown, tty, done_at = time.time(), "", sys.stdout.isatty(), None
-    try:
-        while True:
-            if server is not None and server.poll() is not None:
-                print(f"the lighthouse exited ({server.poll()}); restarting it on the same port",
-                      flush=True)  # fmt: skip
-                server.restarts += 1
-                server.start()
-            codes = [p.poll() for p in procs]
-            for p, code in zip(procs, codes, strict=True):
-                if code not in (None, 0):
-                    print(f"{p.name} exited with code {code}:\n{_tail(p.log_path)}", flush=True)
-                    if not cfg.restart:
-                        return 1
-                    p.restarts += 1
-                    print(f"{p.name}: restarting (from its newest checkpoint; a live peer "
-                          "further on heals it)", flush=True)  # fmt: skip
-                    if "--resume" not in p.argv:
-                        p.argv.insert(p.argv.index("--site"), "--resume")
-                    p.start()
-            if all(code == 0 for code in codes):
-                break
-            if any(code == 0 for code in codes):  # the run is over; a late joiner has no quorum
-                done_at = done_at or time.time()
-                if time.time() - done_at > 60:
-                    print("the run is over; stopping sites that did not finish", flush=True)
-                    break
-            else:
-                done_at = None
-            line = progress_line(cfg, read_rows(run), sum(c is None for c in codes), t0)
-            if line != shown:
-                print(("\r" + line + "\033[K") if tty else line, end="" if tty else "\n",
-                      flush=True)  # fmt: skip
-                shown = line
-            time.sleep(0.5)
-    finally:
-        for p in procs:
-            p.signal(15)
-        if server is not None:
-            server.signal(15)
+    watch = DilocoWatch(cfg, run, server, sites)
+    # Ctrl-C raises KeyboardInterrupt as usual; the sites get SIGTERM on the way out.
+    with Supervisor(([server] if server else []) + sites, stop_signals=()) as supervisor:
+        try:
+            code = supervisor.watch(0.5, watch)
+        finally:
+            for p in [*sites, *([server] if server else [])]:
+                p.signal(signal.SIGTERM)
+    if code:
+        return code
     rows = read_rows(run)
-    print(("\n" if tty else "") + progress_line(cfg, rows, 0, t0))
+    print(("\n" if watch.tty else "") + progress_line(cfg, rows, 0, watch.t0))
     plot = write_plot(run, rows)
     first = min(rows, key=lambda r: r["outer_step"])["eval_loss"]
     last = max(rows, key=lambda r: r["outer_step"])["eval_loss"]

@@ -15,13 +15,15 @@ step) at the end. The trainers' side is trainer/diloco.py.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
 
 from swarmrl.config import RunConfig
 from swarmrl.launch.diloco import lighthouse_proc
-from swarmrl.launch.swarm import LaunchError, Proc, _stop_all, _tail, prepare_run_dir
+from swarmrl.launch.supervisor import Action, Proc, Supervisor, stop_all, tail
+from swarmrl.launch.swarm import LaunchError, prepare_run_dir
 
 MAX_RESTARTS = 2
 
@@ -79,6 +81,52 @@ def write_plot(run: Path, sites: list[list[dict]]) -> Path | None:
     return out
 
 
+def site_proc(cfg: RunConfig, config_path: str | None, overrides: list[str], run: Path, k: int,
+              lighthouse: str, resume: bool) -> Proc:  # fmt: skip
+    """Site `k`'s own `swarmrl rl`; restarted up to MAX_RESTARTS times, with --resume."""
+    argv = site_argv(config_path, overrides, run, cfg, k, lighthouse, resume)
+    again = None if "--resume" in argv else argv + ["--resume"]
+    return Proc(f"site-{k}", argv, run / "logs" / f"site-{k}.log", 1,
+                max_restarts=MAX_RESTARTS, restart_argv=again)  # fmt: skip
+
+
+class SitesWatch:
+    """What `swarmrl rl` shows and decides while its DiLoCo sites run (a supervisor.Watcher)."""
+
+    def __init__(self, cfg: RunConfig, run: Path, lighthouse: Proc, sites: list[Proc]):
+        self.cfg, self.lighthouse, self.sites = cfg, lighthouse, sites
+        self.metrics = [run / f"site-{k}" / "metrics.jsonl" for k in range(len(sites))]
+        self.t0, self.shown, self.tty, self.failed = time.time(), "", sys.stdout.isatty(), False
+
+    def exited(self, proc: Proc, code: int, action: Action) -> int | None:
+        if proc is self.lighthouse:
+            print("\nthe lighthouse exited; restarting it on its port", flush=True)
+            return None
+        print(f"\n{proc.name} exited with code {code}:\n{tail(proc.log_path)}", flush=True)
+        if action == "give_up":  # the others go on; the run fails when they are done
+            self.failed = True
+            return None
+        print(f"{proc.name}: restarting with --resume (a live peer heals it)", flush=True)
+        return None
+
+    def round(self, seen: dict[str, int | None]) -> int | None:
+        codes = [p.poll() for p in self.sites]
+        if all(c is not None for c in codes) and (self.failed or all(c == 0 for c in codes)):
+            return 1 if self.failed else 0
+        line = progress_line(self.cfg, [_rows(m) for m in self.metrics])
+        if line != self.shown:  # elapsed time only on a line that shows something new
+            out = f"{line} | {time.time() - self.t0:.0f}s"
+            print(("\r" + out + "\033[K") if self.tty else out, end="" if self.tty else "\n",
+                  flush=True)  # fmt: skip
+            self.shown = line
+        return None
+
+    def interrupted(self, signum: int) -> int:
+        print("\ninterrupted; stopping the sites", flush=True)
+        self.failed = True
+        return 1
+
+
 def launch_sites(cfg: RunConfig, config_path: str | None, overrides: list[str], resume: bool,
                  fresh: bool) -> int:  # fmt: skip
     d = cfg.trainer.diloco
@@ -86,58 +134,30 @@ def launch_sites(cfg: RunConfig, config_path: str | None, overrides: list[str], 
         raise LaunchError("trainer.diloco needs trainer.ranks = 1 (one process per site)")
     run = prepare_run_dir(cfg, resume, fresh)
     server, lighthouse = lighthouse_proc(d, run)
-    procs = [
-        Proc(
-            f"site-{k}",
-            site_argv(config_path, overrides, run, cfg, k, lighthouse, resume),
-            run / "logs" / f"site-{k}.log",
-            1,
-        )  # fmt: skip
-        for k in range(d.sites)
+    sites = [
+        site_proc(cfg, config_path, overrides, run, k, lighthouse, resume) for k in range(d.sites)
     ]
     print(f"swarmrl: {d.sites} DiLoCo sites in {run}, lighthouse {lighthouse}, a sync every "
           f"{d.inner_steps} steps; logs in {run / 'logs'} and {run}/site-K/logs", flush=True)  # fmt: skip
     server.start()
-    for p in procs:
+    for p in sites:
         p.start()
-    t0, shown, tty, failed = time.time(), "", sys.stdout.isatty(), False
-    metrics = [run / f"site-{k}" / "metrics.jsonl" for k in range(d.sites)]
-    try:
-        while True:
-            if server.poll() is not None:
-                print("\nthe lighthouse exited; restarting it on its port", flush=True)
-                server.start()
-            codes = [p.poll() for p in procs]
-            for p, code in zip(procs, codes, strict=True):
-                if code in (None, 0):
-                    continue
-                print(f"\n{p.name} exited with code {code}:\n{_tail(p.log_path)}", flush=True)
-                if p.restarts >= MAX_RESTARTS:
-                    failed = True
-                    continue
-                p.restarts += 1
-                print(f"{p.name}: restarting with --resume (a live peer heals it)", flush=True)
-                if "--resume" not in p.argv:
-                    p.argv.append("--resume")
-                p.start()
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes) and (failed or all(c == 0 for c in codes)):
-                break
-            line = progress_line(cfg, [_rows(m) for m in metrics])
-            if line != shown:  # elapsed time only on a line that shows something new
-                out = f"{line} | {time.time() - t0:.0f}s"
-                print(("\r" + out + "\033[K") if tty else out, end="" if tty else "\n",
-                      flush=True)  # fmt: skip
-                shown = line
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping the sites", flush=True)
-        failed = True
-    finally:
-        _stop_all(procs, graceful=False, grace_s=60.0)  # each site's launcher stops its own
-        server.signal(15)
-    sites = [_rows(m) for m in metrics]
-    print(("\n" if tty else "") + f"{progress_line(cfg, sites)} | {time.time() - t0:.0f}s")
+    watch = SitesWatch(cfg, run, server, sites)
+    with Supervisor([server, *sites], stop_signals=(signal.SIGINT,)) as supervisor:
+        try:
+            supervisor.watch(1.0, watch)
+        finally:
+            stop_all(sites, graceful=False, grace_s=60.0)  # each site's launcher stops its own
+            server.signal(signal.SIGTERM)
+    print_summary(cfg, run, watch)
+    return 1 if watch.failed else 0
+
+
+def print_summary(cfg: RunConfig, run: Path, watch: SitesWatch) -> None:
+    sites = [_rows(m) for m in watch.metrics]
+    print(
+        ("\n" if watch.tty else "") + f"{progress_line(cfg, sites)} | {time.time() - watch.t0:.0f}s"
+    )
     for k, rows in enumerate(sites):
         if rows:
             first = sum(r["reward"] for r in rows[:5]) / len(rows[:5])
@@ -145,4 +165,3 @@ def launch_sites(cfg: RunConfig, config_path: str | None, overrides: list[str], 
             print(f"swarmrl: site {k}: {len(rows)} steps, {rows[-1].get('outer_step', 0)} outer "
                   f"steps, reward first 5 steps {first:.3f} -> last 5 {last:.3f}")  # fmt: skip
     print(f"swarmrl: plot {write_plot(run, sites)}; final models in {run}/site-K/final")
-    return 1 if failed else 0

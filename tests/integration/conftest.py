@@ -91,14 +91,6 @@ def kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def at(url: str) -> list[str]:
     """Overrides that put the run's orchestrator at `url` (a loopback port)."""
     return [f"orchestrator.url={json.dumps(url)}", f"orchestrator.port={url.rsplit(':', 1)[1]}"]

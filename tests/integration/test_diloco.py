@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import free_port, wait_for
+from swarmrl.launch.supervisor import free_port
+from tests.integration.conftest import wait_for
 
 FAST = ["diloco.inner_steps=20", "diloco.heartbeat_timeout_s=2", "corpus.lines=4000"]
 

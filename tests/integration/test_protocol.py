@@ -8,9 +8,9 @@ import sqlite3
 import subprocess
 import sys
 
+from swarmrl.launch.supervisor import free_port
 from tests.integration.conftest import (
     at,
-    free_port,
     kill,
     pid_of,
     read_metrics,

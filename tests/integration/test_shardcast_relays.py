@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from swarmrl.launch.supervisor import free_port
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.manifest import verify_version
 from swarmrl.shardcast.client import Follower
@@ -17,14 +18,6 @@ from swarmrl.shardcast.origin import Origin
 from tests.integration.conftest import ROOT
 
 SHARD = 256 * 1024
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_relay(upstream: str, pub: str, directory, port: int, log) -> subprocess.Popen:
@@ -49,7 +42,7 @@ def test_relay_killed_mid_transfer_clients_finish_from_the_other(tmp_path):
     w.publish(0)
     origin = Origin(w)
     url = origin.start()
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     log = open(tmp_path / "relays.log", "wb")
     relays = [_start_relay(url, pub, tmp_path / f"relay-{i}", p, log) for i, p in enumerate(ports)]

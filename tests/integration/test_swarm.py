@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
+from swarmrl.launch.supervisor import free_port
 from swarmrl.models.loading import load_model
 from tests.integration.conftest import (
     at,
-    free_port,
     kill,
     pid_of,
     read_metrics,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from swarmrl.config import load_config
+from swarmrl.launch.supervisor import free_port
 from swarmrl.orchestrator.app import build_app
 from swarmrl.orchestrator.server import make_service
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
@@ -110,12 +110,6 @@ class Orch:
         return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def postgres_url():
     """A real PostgreSQL server for the session (initdb + pg_ctl on a loopback port).
@@ -141,7 +135,7 @@ def postgres_url():
     data = d / "data"
     subprocess.run([*as_user, initdb, "-D", str(data), "-U", "swarm", "--auth=trust", "-E", "UTF8"],
                    check=True, capture_output=True)  # fmt: skip
-    port = _free_port()
+    port = free_port()
     subprocess.run(
         [*as_user, pg_ctl, "-D", str(data), "-l", str(d / "log"), "-w", "-o",
          f"-p {port} -k {d} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],

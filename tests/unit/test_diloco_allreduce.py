@@ -11,7 +11,7 @@ import torch
 
 from swarmrl.diloco.allreduce import wire_bytes_int8
 from swarmrl.diloco.quant import dequantize, quantize
-from tests.integration.conftest import free_port
+from swarmrl.launch.supervisor import free_port
 
 HERE = Path(__file__).resolve().parent
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from swarmrl.launch.supervisor import free_port
 from swarmrl.trainer.step import grpo_update
-from tests.integration.conftest import free_port
 from tests.unit.fsdp_case import case
 
 HERE = Path(__file__).resolve().parent
