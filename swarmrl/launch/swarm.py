@@ -44,14 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarmrl.config import RunConfig
-from swarmrl.errors import EXIT_REFUSED
+from swarmrl.errors import EXIT_REFUSED, UserError
 from swarmrl.launch.progress import Progress, fetch_ledger, summary_lines
 
 log = logging.getLogger("swarmrl.launch.swarm")
 GRACE_S = 10.0
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError, RuntimeError):
     pass
 
 
