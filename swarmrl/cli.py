@@ -1,4 +1,17 @@
-"""The `swarmrl` command: one subcommand per role. Thin: heavy imports happen per command."""
+"""The `swarmrl` command: one subcommand per role.
+
+`_parser` declares every command and flag in one list, so `swarmrl --help`
+and this file read the same. `COMMANDS` maps each command to a short handler
+that loads the config, imports what the command needs (torch only there, so
+`--help` stays fast) and calls into the package; what a command computes
+lives beside the code it belongs to, not here.
+
+Errors: `main` catches one base, `UserError` (bad input or a refusal the user
+can fix), prints `swarmrl: <message>` to stderr without a traceback and exits
+with the error's `exit_code`. Two commands keep their own message: `filter`
+prefixes `swarmrl filter:`, and a refused `worker` logs the refusal and exits
+3. Every other exception is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +20,10 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from swarmrl.errors import EXIT_REFUSED
+from swarmrl.errors import EXIT_USAGE, UserError
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -180,242 +194,259 @@ def _setup_logging() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the log
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _run_config(args: argparse.Namespace):
+    from swarmrl.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def _urls(csv: str) -> list[str]:
+    return [u.strip() for u in csv.split(",") if u.strip()]
+
+
+def _config_docs(args: argparse.Namespace) -> int:
     from swarmrl.apps.config_docs import config_docs
-    from swarmrl.config import ConfigError, load_config
-    from swarmrl.models.loading import ModelLoadError
-    from swarmrl.protocol.identity import IdentityError
-    from swarmrl.shardcast.servers import ShardcastError
-    from swarmrl.tasks.schema import TaskError
+
+    print(config_docs())
+    return 0
+
+
+def _init_model(args: argparse.Namespace) -> int:
+    _setup_logging()
+    from swarmrl.apps.init_model import BAND_ARGS_ERROR, band_args_ok, init_model, summary_line
+    from swarmrl.apps.warm_start import Band
+
+    if not band_args_ok(args.target, args.tolerance):
+        print(BAND_ARGS_ERROR)
+        return EXIT_USAGE
+    cfg = _run_config(args)
+    task = cfg.task.model_copy(update={"name": args.task})
+    res = init_model(
+        task, cfg.sampling, args.out, band=Band(args.target, args.tolerance),
+        max_steps=args.max_steps, lr=args.lr, seed=args.seed, threads=args.threads,
+    )  # fmt: skip
+    print(summary_line(args.out, res))
+    return 0 if res.in_band else 1
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from swarmrl.apps.evaluate import default_max_new_tokens, eval_task, evaluate, text_report
+
+    run_cfg = _run_config(args)
+    task = eval_task(run_cfg.task, args.task, args.digits)
+    if args.target_length < 0:
+        print("error: --target-length must be positive", file=sys.stderr)
+        return EXIT_USAGE
+    max_new = args.max_new_tokens or default_max_new_tokens(task.name, args.target_length)
+    lr = run_cfg.length_reward
+    res = evaluate(
+        args.model, task, args.n, max_new, threads=args.threads, level=args.level,
+        target_length=args.target_length,
+        length_mode=lr.mode if lr.mode != "none" else "exact", length_coef=lr.coef,
+    )  # fmt: skip
+    print(json.dumps(res) if args.json else text_report(res))
+    return 0
+
+
+def _filter(args: argparse.Namespace) -> int:
+    from swarmrl.apps.filter import FilterError, run_filter
 
     try:
-        if args.command == "config-docs":
-            print(config_docs())
-            return 0
-        if args.command == "init-model":
-            _setup_logging()
-            from swarmrl.apps.warm_start import Band
-            from swarmrl.models.tiny import init_model
+        res = run_filter(
+            args.model, Path(args.data), Path(args.out), args.samples,
+            args.max_solve_rate, args.min_solve_rate, args.max_new_tokens,
+            args.temperature, args.top_p, args.seed, args.threads,
+            show_progress=sys.stderr.isatty(),
+        )  # fmt: skip
+    except FilterError as e:  # the filter's own prefix; other user errors reach main
+        print(f"swarmrl filter: {e}", file=sys.stderr)
+        return e.exit_code
+    print(json.dumps(res))
+    return 0
 
-            if not 0.0 < args.target < 1.0 or not 0.0 < args.tolerance < 0.5:
-                print("error: --target must be in (0, 1) and --tolerance in (0, 0.5)")
-                return 2
-            cfg = load_config(args.config, args.overrides)
-            task = cfg.task.model_copy(update={"name": args.task})
-            res = init_model(
-                task, cfg.sampling, args.out, band=Band(args.target, args.tolerance),
-                max_steps=args.max_steps, lr=args.lr, seed=args.seed, threads=args.threads,
-            )  # fmt: skip
-            where = "inside" if res.in_band else "OUTSIDE"
-            print(
-                f"{args.out}: starting sampled reward {res.sampled_reward:.3f} at temperature "
-                f"{res.temperature:g} ({where} the band {res.band[0]:.2f}-{res.band[1]:.2f}), "
-                f"{res.steps} warm-start steps, {res.seconds:.0f}s"
-            )
-            return 0 if res.in_band else 1
-        if args.command == "eval":
-            from swarmrl.apps.evaluate import evaluate
 
-            run_cfg = load_config(args.config, args.overrides)
-            task = run_cfg.task
-            if args.task:
-                task = task.model_copy(update={"name": args.task})
-            if args.digits:
-                task = task.model_copy(update={"digits": args.digits})
-            task = type(task).model_validate(task.model_dump())  # re-checked after the changes
-            if args.target_length < 0:
-                print("error: --target-length must be positive", file=sys.stderr)
-                return 2
-            default_new = 16 if task.name == "reverse_text" else 24
-            max_new = args.max_new_tokens or max(default_new, 2 * args.target_length)
-            lr = run_cfg.length_reward
-            res = evaluate(
-                args.model, task, args.n, max_new, threads=args.threads, level=args.level,
-                target_length=args.target_length,
-                length_mode=lr.mode if lr.mode != "none" else "exact", length_coef=lr.coef,
-            )  # fmt: skip
-            if args.json:
-                print(json.dumps(res))
-            else:
-                print(
-                    f"{res['model']} on {res['task']} (n={res['n']}): accuracy {res['accuracy']:.3f}, mean reward {res['mean_reward']:.3f} ({res['seconds']:.1f}s)"
-                )
-                if "budget" in res:
-                    b = res["budget"]
-                    print(
-                        f"budget {b['target']} tokens: mean {b['mean_tokens']:.1f}, median "
-                        f"{b['median_tokens']}, mean |error| {b['mean_abs_error']:.1f} "
-                        f"({100 * b['mean_rel_error']:.0f}%), within 10% {b['within_10pct']:.2f}, "
-                        f"within 25% {b['within_25pct']:.2f}, over {b['over_budget']:.2f}, "
-                        f"mean {b['mode']} penalty {b['mean_penalty']:.3f}"
-                    )
-            return 0
-        if args.command == "filter":
-            from swarmrl.apps.filter import FilterError, run_filter
+def _openapi(args: argparse.Namespace) -> int:
+    from swarmrl.orchestrator.app import openapi_spec
 
-            try:
-                res = run_filter(
-                    args.model, Path(args.data), Path(args.out), args.samples,
-                    args.max_solve_rate, args.min_solve_rate, args.max_new_tokens,
-                    args.temperature, args.top_p, args.seed, args.threads,
-                    show_progress=sys.stderr.isatty(),
-                )  # fmt: skip
-            except FilterError as e:
-                print(f"swarmrl filter: {e}", file=sys.stderr)
-                return 2
-            print(json.dumps(res))
-            return 0
-        if args.command == "openapi":
-            from swarmrl.orchestrator.app import openapi_spec
+    print(json.dumps(openapi_spec(), indent=1, sort_keys=True))
+    return 0
 
-            print(json.dumps(openapi_spec(), indent=1, sort_keys=True))
-            return 0
-        if args.command == "keygen":
-            from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 
-            out = Path(args.out)
-            if out.exists():
-                print(f"swarmrl: {out} exists; not overwriting a key", file=sys.stderr)
-                return 2
-            print(public_key_hex(load_or_create_key(out)))
-            return 0
-        if args.command == "status":
-            from swarmrl.protocol.status import print_status
+def _keygen(args: argparse.Namespace) -> int:
+    from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 
-            return print_status(args.orchestrator, args.json)
-        if args.command == "worker":
-            from swarmrl.inference.worker import NodeRefused, run_worker
+    out = Path(args.out)
+    if out.exists():
+        raise UserError(f"{out} exists; not overwriting a key")
+    print(public_key_hex(load_or_create_key(out)))
+    return 0
 
-            _setup_logging()
-            try:
-                run_worker(
-                    args.orchestrator, Path(args.home), args.cheat, args.threads, args.backend
-                )
-            except NodeRefused as e:
-                logging.getLogger("swarmrl.worker").error(
-                    "the orchestrator refuses this node: %s", e
-                )
-                return EXIT_REFUSED
-            return 0
-        if args.command in ("diloco", "diloco-site"):
-            from swarmrl.config.pretrain import PretrainConfig
 
-            pcfg = load_config(args.config, args.overrides, schema=PretrainConfig)
-            if args.command == "diloco":
-                from swarmrl.launch.diloco import run_diloco
+def _status(args: argparse.Namespace) -> int:
+    from swarmrl.protocol.status import print_status
 
-                return run_diloco(pcfg, args.config, args.overrides, args.fresh, args.resume)
-            _setup_logging()
-            from swarmrl.apps.pretrain.site import run_site
+    return print_status(args.orchestrator, args.json)
 
-            run = Path(pcfg.runs_dir) / pcfg.name
-            run.mkdir(parents=True, exist_ok=True)
-            return run_site(pcfg, run, args.site, args.lighthouse, args.fail_in_sync, args.resume)
-        cfg = load_config(args.config, args.overrides)
-        if args.command == "rl":
-            from swarmrl.launch.swarm import LaunchError, launch
 
-            try:
-                cheats = args.cheats.split(",") if args.cheats else None
-                if cfg.trainer.diloco.sites and not cfg.trainer.diloco.lighthouse:
-                    from swarmrl.launch.diloco_rl import launch_sites
+def _worker(args: argparse.Namespace) -> int:
+    from swarmrl.inference.worker import NodeRefused, run_worker
 
-                    if cheats or args.cheaters:
-                        raise LaunchError("--cheaters: start the sites one by one for that")
-                    return launch_sites(cfg, args.config, args.overrides, args.resume, args.fresh)
-                return launch(
-                    cfg, args.config, args.overrides, args.resume, args.fresh, args.cheaters, cheats
-                )
-            except LaunchError as e:
-                print(f"swarmrl: {e}", file=sys.stderr)
-                return 2
-        _setup_logging()
-        if args.command == "trainer":
-            from swarmrl.trainer.loop import run_trainer
+    _setup_logging()
+    try:
+        run_worker(args.orchestrator, Path(args.home), args.cheat, args.threads, args.backend)
+    except NodeRefused as e:  # said in the worker's log, which the launcher shows
+        logging.getLogger("swarmrl.worker").error("the orchestrator refuses this node: %s", e)
+        return e.exit_code
+    return 0
 
-            run_trainer(cfg, resume=args.resume)
-        elif args.command == "orchestrator":
-            from swarmrl.orchestrator.server import run_orchestrator
 
-            run_orchestrator(cfg)
-        elif args.command == "validator":
-            from swarmrl.validator.loop import run_validator
+def _pretrain_config(args: argparse.Namespace):
+    from swarmrl.config import load_config
+    from swarmrl.config.pretrain import PretrainConfig
 
-            run_validator(cfg, args.index)
-        elif args.command == "relay":
-            from swarmrl.shardcast.relay import run_relay
-            from swarmrl.shardcast.source import trainer_public_key
+    return load_config(args.config, args.overrides, schema=PretrainConfig)
 
-            sc = cfg.shardcast
-            if cfg.orchestrator.url:
-                from swarmrl.shardcast.relay import join_orchestrator
 
-                host = args.host or sc.host
-                public = args.public_url or f"http://{host}:{args.port}"
-                if not args.public_url and (args.port == 0 or host in ("0.0.0.0", "::")):
-                    raise ConfigError(
-                        "a relay that registers with the orchestrator needs --public-url "
-                        "(or a fixed --port and a concrete --host)"
-                    )
-                join_orchestrator(cfg.orchestrator.url, Path(args.dir) / "node.key", public)
-            run_relay(
-                [u.strip() for u in args.upstream.split(",") if u.strip()],
-                trainer_public_key(cfg),
-                Path(args.dir),
-                host=args.host or sc.host,
-                port=args.port,
-                keep=cfg.async_level + 1,
-                parallel=sc.parallel,
-                max_bytes_per_s=sc.max_upload_mbps * 1e6,
-                poll_wait_s=sc.poll_wait_s,
-            )
-        elif args.command == "fetch":
-            import asyncio
-            import resource
+def _diloco(args: argparse.Namespace) -> int:
+    pcfg = _pretrain_config(args)
+    from swarmrl.launch.diloco import run_diloco
 
-            from swarmrl.shardcast.fetch import fetch_once
-            from swarmrl.shardcast.source import trainer_public_key
+    return run_diloco(pcfg, args.config, args.overrides, args.fresh, args.resume)
 
-            got = asyncio.run(
-                fetch_once(
-                    [u.strip() for u in args.servers.split(",") if u.strip()],
-                    trainer_public_key(cfg),
-                    Path(args.dir),
-                    args.min_version,
-                    cfg.shardcast.parallel,
-                    args.timeout,
-                    cfg.shardcast.direct_io,
-                )
-            )
-            use = resource.getrusage(resource.RUSAGE_SELF)
-            print(
-                json.dumps(
-                    {
-                        **got.__dict__,
-                        "peak_rss_MB": use.ru_maxrss / 1024,
-                        "cpu_s": use.ru_utime + use.ru_stime,
-                        "cpu_user_s": use.ru_utime,
-                        "ctx_switches": use.ru_nvcsw + use.ru_nivcsw,
-                    }
-                ),
-                flush=True,
-            )
-        elif args.command == "origin":
-            from swarmrl.shardcast.origin import serve_directory
 
-            sc = cfg.shardcast
-            serve_directory(
-                Path(args.dir), args.host or sc.host, args.port, sc.max_upload_mbps * 1e6
-            )
-        return 0
-    except ConfigError as e:
+def _diloco_site(args: argparse.Namespace) -> int:
+    pcfg = _pretrain_config(args)
+    _setup_logging()
+    from swarmrl.apps.pretrain.site import run_site
+
+    run = Path(pcfg.runs_dir) / pcfg.name
+    run.mkdir(parents=True, exist_ok=True)
+    return run_site(pcfg, run, args.site, args.lighthouse, args.fail_in_sync, args.resume)
+
+
+def _rl(args: argparse.Namespace) -> int:
+    cfg = _run_config(args)
+    from swarmrl.launch.swarm import LaunchError, launch
+
+    cheats = args.cheats.split(",") if args.cheats else None
+    if cfg.trainer.diloco.sites and not cfg.trainer.diloco.lighthouse:
+        from swarmrl.launch.diloco_rl import launch_sites
+
+        if cheats or args.cheaters:
+            raise LaunchError("--cheaters: start the sites one by one for that")
+        return launch_sites(cfg, args.config, args.overrides, args.resume, args.fresh)
+    return launch(cfg, args.config, args.overrides, args.resume, args.fresh, args.cheaters, cheats)
+
+
+def _trainer(args: argparse.Namespace) -> int:
+    cfg = _run_config(args)
+    _setup_logging()
+    from swarmrl.trainer.loop import run_trainer
+
+    run_trainer(cfg, resume=args.resume)
+    return 0
+
+
+def _orchestrator(args: argparse.Namespace) -> int:
+    cfg = _run_config(args)
+    _setup_logging()
+    from swarmrl.orchestrator.server import run_orchestrator
+
+    run_orchestrator(cfg)
+    return 0
+
+
+def _validator(args: argparse.Namespace) -> int:
+    cfg = _run_config(args)
+    _setup_logging()
+    from swarmrl.validator.loop import run_validator
+
+    run_validator(cfg, args.index)
+    return 0
+
+
+def _relay(args: argparse.Namespace) -> int:
+    cfg = _run_config(args)
+    _setup_logging()
+    from swarmrl.shardcast.relay import join_orchestrator, relay_public_url, run_relay
+    from swarmrl.shardcast.source import trainer_public_key
+
+    sc = cfg.shardcast
+    host = args.host or sc.host
+    if cfg.orchestrator.url:
+        public = relay_public_url(host, args.port, args.public_url)
+        join_orchestrator(cfg.orchestrator.url, Path(args.dir) / "node.key", public)
+    run_relay(
+        _urls(args.upstream),
+        trainer_public_key(cfg),
+        Path(args.dir),
+        host=host,
+        port=args.port,
+        keep=cfg.async_level + 1,
+        parallel=sc.parallel,
+        max_bytes_per_s=sc.max_upload_mbps * 1e6,
+        poll_wait_s=sc.poll_wait_s,
+    )
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    cfg = _run_config(args)
+    _setup_logging()
+    import asyncio
+
+    from swarmrl.shardcast.fetch import fetch_once, fetch_report
+    from swarmrl.shardcast.source import trainer_public_key
+
+    sc = cfg.shardcast
+    got = asyncio.run(
+        fetch_once(
+            _urls(args.servers), trainer_public_key(cfg), Path(args.dir), args.min_version,
+            sc.parallel, args.timeout, sc.direct_io,
+        )
+    )  # fmt: skip
+    print(json.dumps(fetch_report(got)), flush=True)
+    return 0
+
+
+def _origin(args: argparse.Namespace) -> int:
+    cfg = _run_config(args)
+    _setup_logging()
+    from swarmrl.shardcast.origin import serve_directory
+
+    sc = cfg.shardcast
+    serve_directory(Path(args.dir), args.host or sc.host, args.port, sc.max_upload_mbps * 1e6)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "rl": _rl,
+    "trainer": _trainer,
+    "worker": _worker,
+    "orchestrator": _orchestrator,
+    "keygen": _keygen,
+    "status": _status,
+    "validator": _validator,
+    "relay": _relay,
+    "origin": _origin,
+    "fetch": _fetch,
+    "init-model": _init_model,
+    "eval": _eval,
+    "filter": _filter,
+    "diloco": _diloco,
+    "diloco-site": _diloco_site,
+    "config-docs": _config_docs,
+    "openapi": _openapi,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UserError as e:  # bad input or a refusal: the message, no traceback
         print(f"swarmrl: {e}", file=sys.stderr)
-        return 2
-    except (ModelLoadError, TaskError, IdentityError, ShardcastError) as e:
-        # bad input: say what is wrong, no traceback
-        print(f"swarmrl: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -60,6 +60,21 @@ def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_len
     return out_scores
 
 
+def eval_task(task_cfg: TaskConfig, name: str | None, digits: int | None) -> TaskConfig:
+    """The run's task settings with `eval`'s --task and --digits applied, re-validated."""
+    if name:
+        task_cfg = task_cfg.model_copy(update={"name": name})
+    if digits:
+        task_cfg = task_cfg.model_copy(update={"digits": digits})
+    return type(task_cfg).model_validate(task_cfg.model_dump())
+
+
+def default_max_new_tokens(task_name: str, target_length: int) -> int:
+    """Enough new tokens for an answer of the task (16 for reverse_text, else 24), and
+    twice the thinking budget when one is given."""
+    return max(16 if task_name == "reverse_text" else 24, 2 * target_length)
+
+
 def evaluate(
     model_path: str,
     task_cfg: TaskConfig,
@@ -135,3 +150,21 @@ def budget_report(
         "mode": mode,
         "mean_penalty": sum(length_penalty(mode, k, target, coef) for k in lengths) / n,
     }
+
+
+def text_report(res: dict) -> str:
+    """`evaluate`'s result as `swarmrl eval` prints it without --json."""
+    lines = [
+        f"{res['model']} on {res['task']} (n={res['n']}): accuracy {res['accuracy']:.3f}, "
+        f"mean reward {res['mean_reward']:.3f} ({res['seconds']:.1f}s)"
+    ]
+    if "budget" in res:
+        b = res["budget"]
+        lines.append(
+            f"budget {b['target']} tokens: mean {b['mean_tokens']:.1f}, median "
+            f"{b['median_tokens']}, mean |error| {b['mean_abs_error']:.1f} "
+            f"({100 * b['mean_rel_error']:.0f}%), within 10% {b['within_10pct']:.2f}, "
+            f"within 25% {b['within_25pct']:.2f}, over {b['over_budget']:.2f}, "
+            f"mean {b['mode']} penalty {b['mean_penalty']:.3f}"
+        )
+    return "\n".join(lines)

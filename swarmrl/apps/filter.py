@@ -30,11 +30,12 @@ import json
 import os
 from pathlib import Path
 
+from swarmrl.errors import UserError
 from swarmrl.tasks.schema import TaskError
 from swarmrl.tasks.sources.task_source import load_task_file
 
 
-class FilterError(ValueError):
+class FilterError(UserError, ValueError):
     """Bad arguments or files; the message names the problem."""
 
 

@@ -115,6 +115,75 @@ def _backend_for(model):
     return b
 
 
+class _Supervised:
+    """The supervised pass: AdamW steps on batches of generated train problems, taken
+    in order (prompt + answer + EOS, loss on the answer tokens only), and checkpoints
+    of the model, the optimizer and the position in the problems to go back to."""
+
+    def __init__(self, model, tokenizer, task_cfg: TaskConfig, batch: int, lr: float, seed: int):
+        import torch
+
+        from swarmrl.tasks.sources.generated import GENERATORS
+
+        self.model, self.tokenizer, self.task_cfg = model, tokenizer, task_cfg
+        self.batch, self.seed = batch, seed
+        self.gen = GENERATORS[task_cfg.name]
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        self.index = 0  # the next train problem
+
+    def _tensors(self):
+        """The next `batch` problems, right-padded: token ids, attention mask, loss mask."""
+        import torch
+
+        from swarmrl.models.prompting import encode_prompt
+        from swarmrl.tasks.sources.generated import answer_text
+
+        tok = self.tokenizer
+        eos, pad = tok.eos_token_id, tok.pad_token_id
+        seqs, masks = [], []
+        for _ in range(self.batch):
+            task = self.gen(self.task_cfg, "train", self.index, self.seed + 1_000_003)
+            self.index += 1
+            p = encode_prompt(tok, task.prompt)
+            a = tok(answer_text(task), add_special_tokens=False)["input_ids"] + [eos]
+            seqs.append(p + a)
+            masks.append([0] * len(p) + [1] * len(a))
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+        lm = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.bool)
+        attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+        return ids, attn, lm
+
+    def step(self) -> float:
+        """One optimizer step on the next batch; its loss."""
+        import torch
+
+        ids, attn, lm = self._tensors()
+        logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        mask = lm[:, 1:]
+        loss = torch.nn.functional.cross_entropy(logits[mask].float(), ids[:, 1:][mask])
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return loss.item()
+
+    def snapshot(self, step: int, reward: float, loss: float) -> dict:
+        return {
+            "model": copy.deepcopy(self.model.state_dict()),
+            "opt": copy.deepcopy(self.opt.state_dict()),
+            "step": step, "index": self.index, "reward": reward, "loss": loss,
+        }  # fmt: skip
+
+    def restore(self, snap: dict, lr: float) -> None:
+        """Go back to `snap` and go on with learning rate `lr`."""
+        self.model.load_state_dict(snap["model"])
+        self.opt.load_state_dict(snap["opt"])
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.index = snap["index"]
+
+
 def warm_start(
     model,
     tokenizer,
@@ -133,15 +202,8 @@ def warm_start(
     threads: int = 1,
 ) -> WarmStartResult:
     """Supervised pass on (prompt, answer) pairs until the sampled reward is in `band`."""
-    import torch
-
-    from swarmrl.models.prompting import encode_prompt
-    from swarmrl.tasks.sources.generated import GENERATORS, answer_text
-
     t0 = time.time()
-    gen = GENERATORS[task_cfg.name]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    sft = _Supervised(model, tokenizer, task_cfg, batch, lr, seed)
     backend = _backend_for(model)
 
     def measure() -> float:
@@ -150,76 +212,9 @@ def warm_start(
             backend, tokenizer, task_cfg, sampling, check_problems, check_samples, seed
         )
 
-    def snapshot(step: int, index: int, reward: float, loss: float) -> dict:
-        return {
-            "model": copy.deepcopy(model.state_dict()),
-            "opt": copy.deepcopy(opt.state_dict()),
-            "step": step, "index": index, "reward": reward, "loss": loss,
-        }  # fmt: skip
-
-    def done(r: float) -> bool:
-        return band.center <= r <= band.hi
-
-    step = index = restarts = 0
-    lr_now, every, loss_value = lr, check_every, float("nan")
-    history: list[dict] = []
-    reward = measure()
-    history.append({"step": 0, "reward": round(reward, 4), "lr": lr_now})
-    below = snapshot(0, 0, reward, loss_value)  # the last checkpoint below the centre
-    best = below  # the checkpoint closest to the centre
-    while not done(reward) and step < max_steps:
-        model.train()
-        far = reward < band.center - 2 * band.half_width and restarts == 0
-        for _ in range(coarse_every if far else every):
-            seqs, masks = [], []
-            for _ in range(batch):
-                task = gen(task_cfg, "train", index, seed + 1_000_003)
-                index += 1
-                p = encode_prompt(tokenizer, task.prompt)
-                a = tokenizer(answer_text(task), add_special_tokens=False)["input_ids"] + [eos]
-                seqs.append(p + a)
-                masks.append([0] * len(p) + [1] * len(a))
-            width = max(len(s) for s in seqs)
-            ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
-            lm = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.bool)
-            attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-            mask = lm[:, 1:]
-            loss = torch.nn.functional.cross_entropy(logits[mask].float(), ids[:, 1:][mask])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            loss_value = loss.item()
-            step += 1
-        reward = measure()
-        history.append({"step": step, "reward": round(reward, 4), "lr": lr_now})
-        log.info(
-            "warm start step %d: loss %.4f, sampled reward %.3f (band %.2f-%.2f, lr %.2g)",
-            step, loss_value, reward, band.lo, band.hi, lr_now,
-        )  # fmt: skip
-        if abs(reward - band.center) < abs(best["reward"] - band.center):
-            best = snapshot(step, index, reward, loss_value)
-        if reward < band.center:
-            below = snapshot(step, index, reward, loss_value)
-        elif reward > band.hi:
-            if restarts >= max_restarts:
-                break
-            restarts += 1
-            lr_now, every = lr_now / 2, max(1, every // 2)
-            log.info(
-                "overshot the band at step %d: back to step %d, lr %.2g, checks every %d steps",
-                step, below["step"], lr_now, every,
-            )  # fmt: skip
-            model.load_state_dict(below["model"])
-            opt.load_state_dict(below["opt"])
-            for g in opt.param_groups:
-                g["lr"] = lr_now
-            step, index, reward = below["step"], below["index"], below["reward"]
-            loss_value = below["loss"]
-    if not done(reward):
-        model.load_state_dict(best["model"])
-        step, reward, loss_value = best["step"], best["reward"], best["loss"]
+    step, reward, loss_value, restarts, history = _train_into_band(
+        sft, measure, band, max_steps, lr, check_every, coarse_every, max_restarts
+    )
     in_band = band.lo <= reward <= band.hi
     if not in_band:
         log.warning(
@@ -227,12 +222,8 @@ def warm_start(
             "(step %d, sampled reward %.3f)", band.lo, band.hi, step, reward,
         )  # fmt: skip
     model.eval()
-    from swarmrl.apps.evaluate import greedy_scores
-
-    checks = [gen(task_cfg, CHECK_SPLIT, i, seed) for i in range(check_problems)]
-    greedy = greedy_scores(model, tokenizer, checks, sampling.max_new_tokens)
     return WarmStartResult(
-        greedy_reward=round(sum(r for _, r in greedy) / len(greedy), 4),
+        greedy_reward=_greedy_reward(model, tokenizer, task_cfg, sampling, check_problems, seed),
         sampled_reward=round(reward, 4),
         in_band=in_band,
         band=[round(band.lo, 4), round(band.hi, 4)],
@@ -253,3 +244,63 @@ def warm_start(
         seconds=round(time.time() - t0, 1),
         history=history,
     )
+
+
+def _train_into_band(sft: _Supervised, measure, band: Band, max_steps: int, lr: float,
+                     check_every: int, coarse_every: int, max_restarts: int):  # fmt: skip
+    """Train and measure until a check lands between the band's centre and its top, going
+    back to the last checkpoint below the centre on an overshoot (module docstring).
+    Returns the kept checkpoint's step, reward and loss, the overshoots, and every check."""
+
+    def done(r: float) -> bool:
+        return band.center <= r <= band.hi
+
+    step = restarts = 0
+    lr_now, every, loss_value = lr, check_every, float("nan")
+    reward = measure()
+    history = [{"step": 0, "reward": round(reward, 4), "lr": lr_now}]
+    below = sft.snapshot(0, reward, loss_value)  # the last checkpoint below the centre
+    best = below  # the checkpoint closest to the centre
+    while not done(reward) and step < max_steps:
+        sft.model.train()
+        far = reward < band.center - 2 * band.half_width and restarts == 0
+        for _ in range(coarse_every if far else every):
+            loss_value = sft.step()
+            step += 1
+        reward = measure()
+        history.append({"step": step, "reward": round(reward, 4), "lr": lr_now})
+        log.info(
+            "warm start step %d: loss %.4f, sampled reward %.3f (band %.2f-%.2f, lr %.2g)",
+            step, loss_value, reward, band.lo, band.hi, lr_now,
+        )  # fmt: skip
+        if abs(reward - band.center) < abs(best["reward"] - band.center):
+            best = sft.snapshot(step, reward, loss_value)
+        if reward < band.center:
+            below = sft.snapshot(step, reward, loss_value)
+        elif reward > band.hi:
+            if restarts >= max_restarts:
+                break
+            restarts += 1
+            lr_now, every = lr_now / 2, max(1, every // 2)
+            log.info(
+                "overshot the band at step %d: back to step %d, lr %.2g, checks every %d steps",
+                step, below["step"], lr_now, every,
+            )  # fmt: skip
+            sft.restore(below, lr_now)
+            step, reward, loss_value = below["step"], below["reward"], below["loss"]
+    if not done(reward):
+        sft.model.load_state_dict(best["model"])
+        step, reward, loss_value = best["step"], best["reward"], best["loss"]
+    return step, reward, loss_value, restarts, history
+
+
+def _greedy_reward(model, tokenizer, task_cfg: TaskConfig, sampling: SamplingConfig,
+                   problems: int, seed: int) -> float:  # fmt: skip
+    """Mean task reward of greedy completions of the check problems (for reference)."""
+    from swarmrl.apps.evaluate import greedy_scores
+    from swarmrl.tasks.sources.generated import GENERATORS
+
+    gen = GENERATORS[task_cfg.name]
+    checks = [gen(task_cfg, CHECK_SPLIT, i, seed) for i in range(problems)]
+    greedy = greedy_scores(model, tokenizer, checks, sampling.max_new_tokens)
+    return round(sum(r for _, r in greedy) / len(greedy), 4)

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from swarmrl.config import RunConfig
+from swarmrl.errors import EXIT_REFUSED, UserError
 from swarmrl.inference.hf import Completion, make_backend, resolve_backend
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.models.prompting import decode_completion
@@ -52,8 +53,10 @@ from swarmrl.tasks.sources.task_source import TaskSource
 log = logging.getLogger("swarmrl.worker")
 
 
-class NodeRefused(RuntimeError):
+class NodeRefused(UserError, RuntimeError):
     """The orchestrator refuses this node (ejected, banned, or below the requirements)."""
+
+    exit_code = EXIT_REFUSED
 
 
 class Honest:

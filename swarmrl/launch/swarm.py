@@ -39,14 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmrl.config import RunConfig
-from swarmrl.errors import EXIT_REFUSED
+from swarmrl.errors import EXIT_REFUSED, UserError
 from swarmrl.launch.progress import Progress, fetch_ledger, summary_lines
 from swarmrl.launch.supervisor import Action, Proc, Supervisor, free_port, stop_all, tail
 
 log = logging.getLogger("swarmrl.launch.swarm")
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError, RuntimeError):
     pass
 
 

@@ -17,12 +17,14 @@ import os
 from importlib import metadata
 from pathlib import Path
 
+from swarmrl.errors import UserError
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
-class ModelLoadError(RuntimeError):
-    pass
+class ModelLoadError(UserError, RuntimeError):
+    """A model path that does not hold a loadable model; the message names it."""
 
 
 def find_smollm2_gguf() -> Path:

@@ -179,36 +179,97 @@ def public_params(svc: Service) -> dict:
     }
 
 
-def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
-    """The app over `svc`. With `sweep_every_s`, a background thread applies node
-    silence, finality and nonce expiry at that period while the app runs."""
-    registry = CollectorRegistry()
-    requests = Counter("swarmrl_requests", "API requests", ["route", "status"], registry=registry)
-    latency = Histogram(
-        "swarmrl_request_seconds", "API latency", ["route"], registry=registry,
-        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-    )  # fmt: skip
-    node_states = Gauge("swarmrl_nodes", "Nodes by state", ["state"], registry=registry)
-    file_states = Gauge("swarmrl_files", "Rollout files by state", ["state"], registry=registry)
-    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="db")
+class Metrics:
+    """The Prometheus registry of one app: request counts and latency (fed by
+    `Measure`), and node and file counts by state (read from the database
+    when /metrics is scraped)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "swarmrl_requests", "API requests", ["route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "swarmrl_request_seconds", "API latency", ["route"], registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        )  # fmt: skip
+        self.node_states = Gauge(
+            "swarmrl_nodes", "Nodes by state", ["state"], registry=self.registry
+        )
+        self.file_states = Gauge(
+            "swarmrl_files", "Rollout files by state", ["state"], registry=self.registry
+        )
+
+    def exposition(self, svc: Service) -> Response:
+        """The metrics in Prometheus' text format, with the state counts read now."""
+        with svc.db.tx() as cur:
+            ns = dict(cur.execute("SELECT state, COUNT(*) FROM nodes GROUP BY state").fetchall())
+            fs = dict(cur.execute("SELECT state, COUNT(*) FROM files GROUP BY state").fetchall())
+        for s in nodes.STATES:
+            self.node_states.labels(s).set(ns.get(s, 0))
+        for s in work.FILE_STATES:
+            self.file_states.labels(s).set(fs.get(s, 0))
+        return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4")
+
+
+class Signed:
+    """What the signed routes share: one FastAPI dependency per role, which
+    yields the caller after the signature (401) and role (403) checks, and
+    `call`, which runs an operation on the database threads.
+
+    Dependencies run before the body is validated, so an unauthenticated
+    caller learns nothing about the schema."""
+
+    def __init__(self, svc: Service, pool: ThreadPoolExecutor) -> None:
+        self.svc = svc
+        self.pool = pool
+        self.node = Depends(self._signed_by("node"))
+        self.live_node = Depends(self._signed_by("node", live=True))
+        self.validator = Depends(self._signed_by("validator"))
+        self.trainer = Depends(self._signed_by("trainer"))
+        self.anyone = Depends(self._signed_by(None))
+
+    def _signed_by(self, role: str | None, live: bool = False):
+        async def dependency(request: Request) -> Caller:
+            return await authenticate(self.svc, request, role, live)
+
+        return dependency
+
+    async def call(self, caller: Caller, fn, *args):
+        """`fn(*args)` on the database threads, after `admit` (the nonce, and the
+        node's state where the route needs a live node) in the same job."""
+
+        def job():
+            admit(self.svc, caller)
+            return fn(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(self.pool, job)
+
+
+def _sweep_forever(svc: Service, every_s: float, stop: threading.Event) -> None:
+    """Apply node silence, finality and nonce expiry every `every_s` until `stop`."""
+    while not stop.wait(every_s):
+        try:
+            nodes.sweep(svc)
+            files.finalize(svc)
+            files.discard_stale(svc)
+            purge_nonces(svc)
+        except Exception:  # a failed sweep (a deadlock, a lost connection) is retried
+            log.exception("sweep failed; retrying in %.1f s", every_s)
+
+
+def _lifespan(svc: Service, pool: ThreadPoolExecutor, sweep_every_s: float | None):
+    """The app's lifespan: the sweeper thread while it runs (with `sweep_every_s`),
+    and the database threads shut down after it."""
 
     @asynccontextmanager
     async def lifespan(_app):
         stop = threading.Event()
         thread = None
         if sweep_every_s:
-
-            def loop():
-                while not stop.wait(sweep_every_s):
-                    try:
-                        nodes.sweep(svc)
-                        files.finalize(svc)
-                        files.discard_stale(svc)
-                        purge_nonces(svc)
-                    except Exception:  # a failed sweep (a deadlock, a lost connection) is retried
-                        log.exception("sweep failed; retrying in %.1f s", sweep_every_s)
-
-            thread = threading.Thread(target=loop, daemon=True, name="sweeper")
+            thread = threading.Thread(
+                target=_sweep_forever, args=(svc, sweep_every_s, stop), daemon=True, name="sweeper"
+            )
             thread.start()
         yield
         stop.set()
@@ -216,49 +277,43 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
             thread.join(timeout=5)
         pool.shutdown(wait=False)
 
+    return lifespan
+
+
+async def _api_error(_request, e: ApiError):
+    return JSONResponse({"detail": e.detail}, status_code=e.status)
+
+
+def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
+    """The app over `svc`. With `sweep_every_s`, a background thread applies node
+    silence, finality and nonce expiry at that period while the app runs."""
+    metrics = Metrics()
+    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="db")
     app = FastAPI(
         title="swarmrl orchestrator",
         version="1",
         description="Admits untrusted nodes by key, assigns work, keeps the ledger.",
-        lifespan=lifespan,
+        lifespan=_lifespan(svc, pool, sweep_every_s),
     )
+    app.add_exception_handler(ApiError, _api_error)
+    signed = Signed(svc, pool)
+    # registered in this order, which is the order of the OpenAPI document
+    _public_routes(app, svc, metrics)
+    _node_routes(app, svc, signed)
+    _validator_routes(app, svc, signed)
+    _trainer_routes(app, svc, signed)
+    _operator_routes(app, svc)
+    if isinstance(svc.objects, LocalObjectStore):
+        _object_routes(app, svc, svc.objects)
+    app.add_middleware(BodyLimit, limit=svc.cfg.orchestrator.max_request_bytes)
+    app.add_middleware(Measure, requests=metrics.requests, latency=metrics.latency)
+    app.openapi = lambda: _with_security(app)
+    return app
 
-    @app.exception_handler(ApiError)
-    async def api_error(_request, e: ApiError):
-        return JSONResponse({"detail": e.detail}, status_code=e.status)
 
-    def signed_by(role: str | None, live: bool = False):
-        """A dependency: the caller, after the signature (401) and role (403)
-        checks. Dependencies run before the body is validated, so an
-        unauthenticated caller learns nothing about the schema."""
+def _public_routes(app: FastAPI, svc: Service, prometheus: Metrics) -> None:
+    """Health, metrics, the run's public parameters, servers and dataset, the ledger."""
 
-        async def dependency(request: Request) -> Caller:
-            return await authenticate(svc, request, role, live)
-
-        return dependency
-
-    async def call(caller: Caller, fn, *args):
-        """`fn(*args)` on the database threads, after `admit` (the nonce, and the
-        node's state where the route needs a live node) in the same job."""
-
-        def job():
-            admit(svc, caller)
-            return fn(*args)
-
-        return await asyncio.get_running_loop().run_in_executor(pool, job)
-
-    as_node = Depends(signed_by("node"))
-    as_live_node = Depends(signed_by("node", live=True))
-    as_validator = Depends(signed_by("validator"))
-    as_trainer = Depends(signed_by("trainer"))
-    as_anyone = Depends(signed_by(None))
-
-    async def operator(request: Request) -> None:
-        require_operator(svc, request)
-
-    as_operator = Depends(operator)
-
-    # -- public ------------------------------------------------------------
     @app.get("/health")
     def health() -> dict:
         with svc.db.tx() as cur:
@@ -267,14 +322,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
 
     @app.get("/metrics")
     def metrics() -> Response:
-        with svc.db.tx() as cur:
-            ns = dict(cur.execute("SELECT state, COUNT(*) FROM nodes GROUP BY state").fetchall())
-            fs = dict(cur.execute("SELECT state, COUNT(*) FROM files GROUP BY state").fetchall())
-        for s in nodes.STATES:
-            node_states.labels(s).set(ns.get(s, 0))
-        for s in work.FILE_STATES:
-            file_states.labels(s).set(fs.get(s, 0))
-        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+        return prometheus.exposition(svc)
 
     @app.get("/v1/run")
     def run_params() -> dict:
@@ -296,9 +344,13 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     def ledger() -> dict:
         return work.ledger(svc)
 
-    # -- nodes ---------------------------------------------------------------
+
+def _node_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
+    """Signed by a node: register, heartbeat, upload grants, submit, relay reports."""
+    call = signed.call
+
     @app.post("/v1/nodes/register", responses=ERRORS)
-    async def register(body: RegisterIn, caller: Caller = as_node) -> dict:
+    async def register(body: RegisterIn, caller: Caller = signed.node) -> dict:
         if body.role == "worker" and body.hardware is None:
             raise ApiError(422, "a worker must send its hardware report")
         if body.role == "relay" and not body.url:
@@ -307,23 +359,23 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
         return await call(caller, nodes.register, svc, caller.key, body.role, hw, body.url)
 
     @app.post("/v1/nodes/heartbeat", responses=ERRORS)
-    async def heartbeat(body: HeartbeatIn, caller: Caller = as_node) -> dict:
+    async def heartbeat(body: HeartbeatIn, caller: Caller = signed.node) -> dict:
         return await call(
             caller, work.heartbeat, svc, caller.key, body.policy_version, body.want_work
         )
 
     @app.post("/v1/uploads", responses={**ERRORS, 429: {"description": "Rate limited"}})
-    async def uploads(body: UploadIn, caller: Caller = as_live_node) -> dict:
+    async def uploads(body: UploadIn, caller: Caller = signed.live_node) -> dict:
         return await call(
             caller, work.grant_upload, svc, caller.key, body.counter, body.size, body.sha256
         )
 
     @app.post("/v1/submit", responses=ERRORS)
-    async def submit(body: SubmitIn, caller: Caller = as_live_node) -> dict:
+    async def submit(body: SubmitIn, caller: Caller = signed.live_node) -> dict:
         return await call(caller, work.submit, svc, caller.key, body.key, body.sha256)
 
     @app.post("/v1/relays/report", responses=ERRORS)
-    async def relay_report(body: RelayReportIn, caller: Caller = as_anyone) -> dict:
+    async def relay_report(body: RelayReportIn, caller: Caller = signed.anyone) -> dict:
         def report():
             if svc.role_of(caller.key) != "validator":
                 require_live_node(svc, caller.key)
@@ -331,16 +383,25 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
 
         return await call(caller, report)
 
-    # -- validators ----------------------------------------------------------
+
+def _validator_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
+    """Signed by a validator: claim a file, record its verdict."""
+
     @app.post("/v1/validation/claim", responses=ERRORS)
-    async def claim(body: ClaimIn, caller: Caller = as_validator) -> dict:
-        return await call(caller, files.claim_file, svc, caller.key, body.max_policy)
+    async def claim(body: ClaimIn, caller: Caller = signed.validator) -> dict:
+        return await signed.call(caller, files.claim_file, svc, caller.key, body.max_policy)
 
     @app.post("/v1/validation/verdict", responses=ERRORS)
-    async def verdict(body: VerdictIn, caller: Caller = as_validator) -> dict:
-        return await call(caller, files.record_verdict, svc, caller.key, body.verdict.model_dump())
+    async def verdict(body: VerdictIn, caller: Caller = signed.validator) -> dict:
+        return await signed.call(
+            caller, files.record_verdict, svc, caller.key, body.verdict.model_dump()
+        )
 
-    # -- the trainer ---------------------------------------------------------
+
+def _trainer_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
+    """Signed by the trainer: open a step, publish, read and consume files, reject, resume."""
+    call, as_trainer = signed.call, signed.trainer
+
     @app.post("/v1/trainer/step", responses=ERRORS)
     async def trainer_step(body: StepIn, caller: Caller = as_trainer) -> dict:
         return await call(
@@ -369,7 +430,15 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     async def trainer_resume(body: VersionIn, caller: Caller = as_trainer) -> dict:
         return await call(caller, files.resume, svc, body.version)
 
-    # -- the operator --------------------------------------------------------
+
+def _operator_routes(app: FastAPI, svc: Service) -> None:
+    """The operator's bearer token: the ledger, ban and unban, pause and stop."""
+
+    async def operator(request: Request) -> None:
+        require_operator(svc, request)
+
+    as_operator = Depends(operator)
+
     @app.get("/v1/admin/nodes", responses=ERRORS)
     def admin_nodes(_: None = as_operator) -> dict:
         return work.ledger(svc)
@@ -395,34 +464,29 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
                 svc.set_meta(cur, "done", "1")
             return work.run_state(svc, cur)
 
-    # -- the object store (local) ------------------------------------------
-    if isinstance(svc.objects, LocalObjectStore):
-        store = svc.objects
 
-        @app.put("/objects/{key:path}", responses=ERRORS)
-        async def put_object(key: str, request: Request) -> dict:
-            try:
-                size, digest = store.check_upload(
-                    key, dict(request.query_params), request.headers.get("content-length"),
-                    svc.clock(),
-                )  # fmt: skip
-                await store.receive(key, size, digest, request.stream())
-            except ObjectError as e:
-                raise ApiError(e.status, e.detail) from None
-            return {"stored": key}
+def _object_routes(app: FastAPI, svc: Service, store: LocalObjectStore) -> None:
+    """The local object store: uploads and downloads checked by their HMAC-signed URLs."""
 
-        @app.get("/objects/{key:path}", responses=ERRORS)
-        async def get_object(key: str, expires: str = "", sig: str = ""):
-            try:
-                path = store.check_download(key, expires, sig, svc.clock())
-            except ObjectError as e:
-                raise ApiError(e.status, e.detail) from None
-            return FileResponse(path)
+    @app.put("/objects/{key:path}", responses=ERRORS)
+    async def put_object(key: str, request: Request) -> dict:
+        try:
+            size, digest = store.check_upload(
+                key, dict(request.query_params), request.headers.get("content-length"),
+                svc.clock(),
+            )  # fmt: skip
+            await store.receive(key, size, digest, request.stream())
+        except ObjectError as e:
+            raise ApiError(e.status, e.detail) from None
+        return {"stored": key}
 
-    app.add_middleware(BodyLimit, limit=svc.cfg.orchestrator.max_request_bytes)
-    app.add_middleware(Measure, requests=requests, latency=latency)
-    app.openapi = lambda: _with_security(app)
-    return app
+    @app.get("/objects/{key:path}", responses=ERRORS)
+    async def get_object(key: str, expires: str = "", sig: str = ""):
+        try:
+            path = store.check_download(key, expires, sig, svc.clock())
+        except ObjectError as e:
+            raise ApiError(e.status, e.detail) from None
+        return FileResponse(path)
 
 
 SIGNED_DOC = (

@@ -13,8 +13,10 @@ from pathlib import Path
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
+from swarmrl.errors import UserError
 
-class IdentityError(ValueError):
+
+class IdentityError(UserError, ValueError):
     """A key file or public key that cannot be used."""
 
 

@@ -8,6 +8,20 @@ from pathlib import Path
 from swarmrl.shardcast.client import Fetched, Follower
 
 
+def fetch_report(got: Fetched) -> dict:
+    """What `swarmrl fetch` prints: the download, with this process's peak memory and CPU time."""
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        **got.__dict__,
+        "peak_rss_MB": use.ru_maxrss / 1024,
+        "cpu_s": use.ru_utime + use.ru_stime,
+        "cpu_user_s": use.ru_utime,
+        "ctx_switches": use.ru_nvcsw + use.ru_nivcsw,
+    }
+
+
 async def fetch_once(
     servers: list[str],
     trusted_key: str,

@@ -21,6 +21,7 @@ import signal
 import time
 from pathlib import Path
 
+from swarmrl.errors import ConfigError
 from swarmrl.protocol.manifest import MANIFEST, ManifestError, verify_version
 from swarmrl.shardcast.client import Follower
 from swarmrl.shardcast.local import LocalWeights
@@ -105,6 +106,18 @@ def run_relay(upstreams: list[str], trusted_key: str, root: Path, **kw) -> None:
         await serve_relay(upstreams, trusted_key, root, stop=stop, **kw)
 
     asyncio.run(main())
+
+
+def relay_public_url(host: str, port: int, public_url: str | None) -> str:
+    """The URL a relay registers with the orchestrator, which nodes then use to reach it:
+    `public_url` when given, else http://HOST:PORT. That default names no reachable
+    address for a port picked at random (0) or a wildcard host, so it is refused there."""
+    if not public_url and (port == 0 or host in ("0.0.0.0", "::")):
+        raise ConfigError(
+            "a relay that registers with the orchestrator needs --public-url "
+            "(or a fixed --port and a concrete --host)"
+        )
+    return public_url or f"http://{host}:{port}"
 
 
 def join_orchestrator(url: str, key_file: Path, public_url: str) -> None:

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from swarmrl.errors import UserError
+
 log = logging.getLogger("swarmrl.shardcast.client")
 
 EMA_ALPHA = 0.3
@@ -24,8 +26,8 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.25, 30.0
 UNMEASURED_BPS = 1e11  # optimistic: a server not yet measured is tried early
 
 
-class ShardcastError(RuntimeError):
-    pass
+class ShardcastError(UserError, RuntimeError):
+    """A download that cannot go on: no servers given, or a shard no server delivers."""
 
 
 @dataclass

@@ -12,8 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from swarmrl.errors import UserError
 
-class TaskError(ValueError):
+
+class TaskError(UserError, ValueError):
     """A malformed task record; the message names the record and the field."""
 
 

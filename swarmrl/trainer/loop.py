@@ -34,7 +34,7 @@ import logging
 import shutil
 import time
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -164,6 +164,17 @@ def _rank0(cfg: RunConfig, resume: bool, policy: Policy) -> None:
             origin.stop()
 
 
+@dataclass
+class _Start:
+    """Where the loop begins: the first step, the training time already spent, and
+    the batch collector's carried-over groups and per-file progress."""
+
+    step: int = 1
+    elapsed_s: float = 0.0
+    carry: list = field(default_factory=list)
+    taken: dict = field(default_factory=dict)
+
+
 def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Publisher, policy,
            stack: ExitStack):  # fmt: skip
     if not cfg.orchestrator.url:
@@ -176,79 +187,20 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
         announcer.call("POST", "/v1/trainer/published", {"version": version})
 
     tokenizer = load_tokenizer(cfg.model.path)
-
-    start, elapsed0, carry, taken = 1, 0.0, [], {}
     curriculum = run_curriculum(cfg, TaskSource(cfg.task, cfg.seed))
-    resumable = [v for v in weights.versions() if v == 0 or _state_path(paths, v).exists()]
-    verified = None
-    while resume and resumable and verified is None:
-        v = resumable.pop()
-        try:
-            verified = weights.open_verified(v)
-        except ManifestError as e:  # e.g. torn by a power loss: fall back to the one before
-            log.warning("version %d does not verify (%s); deleting it, trying the one before", v, e)
-            weights.delete(v)
-    if verified is not None:
-        state, optim = {}, None
-        if v > 0:
-            state = torch.load(_state_path(paths, v), weights_only=False)
-            elapsed0 = state["elapsed_s"]
-            carry = [[Sample(**x) for x in group] for group in state["carry"]]
-            taken = state.get("taken", {})
-            if "curriculum" in state:
-                curriculum.load_dict(state["curriculum"])
-            if "optimizer" not in state:
-                optim = str(optimizer_dir(paths, v))
-            elif policy.world > 1:
-                raise ConfigError(
-                    f"{_state_path(paths, v)} is from an older swarmrl (optimizer inside): "
-                    "resume it once with trainer.ranks = 1"
-                )
-        policy.start(str(verified), optim)
-        if "optimizer" in state:
-            policy.optimizer.load_state_dict(state["optimizer"])
-        moved = client.call("POST", "/v1/trainer/resume", {"version": v})["returned"]
-        if moved:
-            log.info("%d rollout files of unfinished steps went back to the queue", moved)
-        start = v + 1
-        _truncate_metrics(paths.metrics, v)
-        log.info("resuming after version %d (%d trainer ranks)", v, policy.world)
+    found = _newest_verified(weights, paths) if resume else None
+    if found is not None:
+        begin = _resume(paths, policy, client, curriculum, *found)
     else:
         if resume:
             log.info("--resume given but no complete version exists; starting fresh")
-        first = policy.start(cfg.model.path)
-        paths.metrics.unlink(missing_ok=True)
-        if 0 not in weights.versions():
-            _publish(publisher, policy.model, first, tokenizer, 0, announce)
-        else:
-            announce(0)
-    sync = None
-    if cfg.trainer.diloco.sites:  # join the other sites (healed from a peer if behind)
-        sync = PolicySync(cfg, policy.model, policy.world)
-        stack.callback(sync.close)
-        pending = sync.resume(start - 1) if start > 1 else False
-        sync.join(start - 1, pending)
-    limits = Limits(
-        max_prompt_tokens=cfg.sampling.max_prompt_tokens,
-        max_completion_tokens=cfg.sampling.max_new_tokens,
-        group_size=cfg.worker.group_size,
-    )
-    queue = OrchestratorQueue(client, cfg.orchestrator.max_file_bytes)
-    collector = BatchCollector(
-        queue,
-        limits,
-        cfg.async_level,
-        cfg.trainer.poll_s,
-        trusted_validators(cfg),
-        spot_checks=cfg.validator.sample_rate < 1.0,
-    )
-    collector.carry = carry
-    collector.taken = taken
-    t_start = time.time() - elapsed0
-
-    min_signal = cfg.curriculum.min_signal
+        _start_fresh(cfg, paths, weights, publisher, policy, tokenizer, announce)
+        begin = _Start()
+    sync = _join_sites(cfg, policy, stack, begin.step)
+    collector = _collector(cfg, client, begin)
+    t_start = time.time() - begin.elapsed_s
     last = cfg.trainer.steps
-    for step in range(start, cfg.trainer.steps + 1):
+    for step in range(begin.step, cfg.trainer.steps + 1):
         _open_step(client, curriculum, step)
         level = curriculum.issued[step]
         try:
@@ -265,103 +217,216 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
         train_s = time.time() - t0
         synced = sync.sync(step, True) if sync and sync.due(step) else None
         snapshot = policy.snapshot()
-        n = len(batch.samples)
-        seq_tokens = sum(len(s.prompt_tokens) + len(s.completion_tokens) for s in batch.samples)
-        trained_reward = sum(s.reward for s in batch.samples) / n
-        read = batch.read_samples
-        outcomes = batch.outcomes
-        signal = sum(o.signal for o in outcomes) / len(outcomes) if outcomes else 1.0
-        if outcomes and signal < min_signal:
-            log.warning(
-                "step %d: only %.0f%% of the %d groups read carried signal (floor %.0f%%)",
-                step, 100 * signal, len(outcomes), 100 * min_signal,
-            )  # fmt: skip
-        row = {
-            "step": step,
-            "reward": batch.read_reward_sum / read if read else trained_reward,
-            "task_reward": batch.read_task_reward_sum / read
-            if read
-            else sum(s.task_reward for s in batch.samples) / n,
-            "reward_trained": trained_reward,
-            "length_penalty": sum(s.length_penalty for s in batch.samples) / n,
-            "loss": stats.loss,
-            "grad_norm": stats.grad_norm,
-            "clip_fraction": stats.clip_fraction,
-            "entropy": stats.entropy,
-            "kl": stats.kl,
-            "staleness": sum(step - s.policy_step for s in batch.samples) / n,
-            "samples": n,
-            "groups": batch.groups,
-            "completion_tokens": stats.tokens,
-            "tokens_per_s": seq_tokens / max(train_s, 1e-9),
-            "accepted_files": batch.accepted_files,
-            "rejected_files": batch.rejected_files,
-            "stale_files": batch.stale_files,
-            "dropped_groups": batch.dropped_groups,
-            "groups_read": len(outcomes),
-            "samples_read": read,
-            "signal_fraction": signal,
-            "solved_groups": sum(o.solved for o in outcomes),
-            "failed_groups": sum(o.failed for o in outcomes),
-            "level": level,
-            "next_level": curriculum.issued[step + 1],
-            "stale_groups": batch.stale_groups,
-            "carried_groups": len(collector.carry),
-            "wait_s": batch.wait_s,
-            "train_s": train_s,
-            "elapsed_s": time.time() - t_start,
-        }
+        row = _metrics_row(
+            cfg, step, level, curriculum.issued[step + 1], batch, stats, train_s,
+            len(collector.carry), t_start,
+        )  # fmt: skip
         if sync:
             row.update(sync_row(synced, sync.outer.outer_steps, sync.bytes_sent))
         with open(paths.metrics, "a") as f:
             f.write(json.dumps(row) + "\n")
-        state_file = _state_path(paths, step)
-        tmp = state_file.with_suffix(".tmp")
-        policy.save(paths, step)  # the optimizer, by every rank, before the state that names it
-        torch.save(
-            {
-                "step": step,
-                "consumed": batch.consumed,
-                "carry": [[asdict(x) for x in group] for group in collector.carry],
-                "taken": collector.taken,
-                "curriculum": curriculum.to_dict(),
-                "elapsed_s": row["elapsed_s"],
-            },
-            tmp,
-        )
-        tmp.replace(state_file)
+        _save_state(paths, policy, step, batch.consumed, collector, curriculum, row["elapsed_s"])
 
         def after_publish(version: int) -> None:
             announce(version)
-            for old in paths.trainer_state.glob("step_*"):
-                if int(old.name[5:11]) < version - cfg.async_level:
-                    if old.is_dir():
-                        shutil.rmtree(old, ignore_errors=True)
-                    else:
-                        old.unlink(missing_ok=True)
+            _delete_states_before(paths, version - cfg.async_level)
 
         _publish(publisher, policy.model, snapshot, tokenizer, step, after_publish)
-        log.info(
-            "step %d level %d reward %.3f loss %.4f grad %.3f staleness %.2f samples %d "
-            "dropped %d signal %.2f wait %.1fs train %.1fs",
-            step,
-            level,
-            row["reward"],
-            row["loss"],
-            row["grad_norm"],
-            row["staleness"],
-            n,
-            batch.dropped_groups,
-            signal,
-            batch.wait_s,
-            train_s,
-        )
+        _log_step(row)
         last = step
         if cfg.trainer.max_minutes and row["elapsed_s"] >= 60 * cfg.trainer.max_minutes:
             log.info("step %d: %.1f minutes of training reached; the run ends here",
                      step, row["elapsed_s"] / 60)  # fmt: skip
             break
+    _finish(paths, weights, publisher, policy, client, curriculum, last)
 
+
+def _newest_verified(weights: LocalWeights, paths: RunPaths) -> tuple[int, Path] | None:
+    """The newest version with a trainer state (or version 0) whose files verify, and its
+    directory; a version that does not verify is deleted."""
+    resumable = [v for v in weights.versions() if v == 0 or _state_path(paths, v).exists()]
+    while resumable:
+        v = resumable.pop()
+        try:
+            return v, weights.open_verified(v)
+        except ManifestError as e:  # e.g. torn by a power loss: fall back to the one before
+            log.warning("version %d does not verify (%s); deleting it, trying the one before", v, e)
+            weights.delete(v)
+    return None
+
+
+def _resume(paths: RunPaths, policy, client: OrchestratorClient, curriculum, v: int,
+            verified: Path) -> _Start:  # fmt: skip
+    """Start the policy from version `v` and its trainer state, put the files consumed
+    after `v` back in the orchestrator's queue, and drop the metrics rows past `v`."""
+    begin = _Start(step=v + 1)
+    state, optim = {}, None
+    if v > 0:
+        state = torch.load(_state_path(paths, v), weights_only=False)
+        begin.elapsed_s = state["elapsed_s"]
+        begin.carry = [[Sample(**x) for x in group] for group in state["carry"]]
+        begin.taken = state.get("taken", {})
+        if "curriculum" in state:
+            curriculum.load_dict(state["curriculum"])
+        if "optimizer" not in state:
+            optim = str(optimizer_dir(paths, v))
+        elif policy.world > 1:
+            raise ConfigError(
+                f"{_state_path(paths, v)} is from an older swarmrl (optimizer inside): "
+                "resume it once with trainer.ranks = 1"
+            )
+    policy.start(str(verified), optim)
+    if "optimizer" in state:
+        policy.optimizer.load_state_dict(state["optimizer"])
+    moved = client.call("POST", "/v1/trainer/resume", {"version": v})["returned"]
+    if moved:
+        log.info("%d rollout files of unfinished steps went back to the queue", moved)
+    _truncate_metrics(paths.metrics, v)
+    log.info("resuming after version %d (%d trainer ranks)", v, policy.world)
+    return begin
+
+
+def _start_fresh(cfg: RunConfig, paths: RunPaths, weights, publisher: Publisher, policy,
+                 tokenizer, announce) -> None:  # fmt: skip
+    """Start the policy from `model.path`, with no metrics, and publish it as version 0
+    (or announce the version 0 already there)."""
+    first = policy.start(cfg.model.path)
+    paths.metrics.unlink(missing_ok=True)
+    if 0 not in weights.versions():
+        _publish(publisher, policy.model, first, tokenizer, 0, announce)
+    else:
+        announce(0)
+
+
+def _join_sites(cfg: RunConfig, policy, stack: ExitStack, start: int) -> PolicySync | None:
+    """With trainer.diloco.sites, join the other sites (healed from a peer if behind)."""
+    if not cfg.trainer.diloco.sites:
+        return None
+    sync = PolicySync(cfg, policy.model, policy.world)
+    stack.callback(sync.close)
+    pending = sync.resume(start - 1) if start > 1 else False
+    sync.join(start - 1, pending)
+    return sync
+
+
+def _collector(cfg: RunConfig, client: OrchestratorClient, begin: _Start) -> BatchCollector:
+    limits = Limits(
+        max_prompt_tokens=cfg.sampling.max_prompt_tokens,
+        max_completion_tokens=cfg.sampling.max_new_tokens,
+        group_size=cfg.worker.group_size,
+    )
+    queue = OrchestratorQueue(client, cfg.orchestrator.max_file_bytes)
+    collector = BatchCollector(
+        queue,
+        limits,
+        cfg.async_level,
+        cfg.trainer.poll_s,
+        trusted_validators(cfg),
+        spot_checks=cfg.validator.sample_rate < 1.0,
+    )
+    collector.carry = begin.carry
+    collector.taken = begin.taken
+    return collector
+
+
+def _metrics_row(cfg: RunConfig, step: int, level: int, next_level: int, batch, stats,
+                 train_s: float, carried: int, t_start: float) -> dict:  # fmt: skip
+    """The metrics row of `step` (docs/architecture.md lists its fields); warns when too
+    few of the groups read carried signal."""
+    n = len(batch.samples)
+    seq_tokens = sum(len(s.prompt_tokens) + len(s.completion_tokens) for s in batch.samples)
+    trained_reward = sum(s.reward for s in batch.samples) / n
+    read = batch.read_samples
+    outcomes = batch.outcomes
+    signal = sum(o.signal for o in outcomes) / len(outcomes) if outcomes else 1.0
+    min_signal = cfg.curriculum.min_signal
+    if outcomes and signal < min_signal:
+        log.warning(
+            "step %d: only %.0f%% of the %d groups read carried signal (floor %.0f%%)",
+            step, 100 * signal, len(outcomes), 100 * min_signal,
+        )  # fmt: skip
+    return {
+        "step": step,
+        "reward": batch.read_reward_sum / read if read else trained_reward,
+        "task_reward": batch.read_task_reward_sum / read
+        if read
+        else sum(s.task_reward for s in batch.samples) / n,
+        "reward_trained": trained_reward,
+        "length_penalty": sum(s.length_penalty for s in batch.samples) / n,
+        "loss": stats.loss,
+        "grad_norm": stats.grad_norm,
+        "clip_fraction": stats.clip_fraction,
+        "entropy": stats.entropy,
+        "kl": stats.kl,
+        "staleness": sum(step - s.policy_step for s in batch.samples) / n,
+        "samples": n,
+        "groups": batch.groups,
+        "completion_tokens": stats.tokens,
+        "tokens_per_s": seq_tokens / max(train_s, 1e-9),
+        "accepted_files": batch.accepted_files,
+        "rejected_files": batch.rejected_files,
+        "stale_files": batch.stale_files,
+        "dropped_groups": batch.dropped_groups,
+        "groups_read": len(outcomes),
+        "samples_read": read,
+        "signal_fraction": signal,
+        "solved_groups": sum(o.solved for o in outcomes),
+        "failed_groups": sum(o.failed for o in outcomes),
+        "level": level,
+        "next_level": next_level,
+        "stale_groups": batch.stale_groups,
+        "carried_groups": carried,
+        "wait_s": batch.wait_s,
+        "train_s": train_s,
+        "elapsed_s": time.time() - t_start,
+    }
+
+
+def _log_step(row: dict) -> None:
+    log.info(
+        "step %d level %d reward %.3f loss %.4f grad %.3f staleness %.2f samples %d "
+        "dropped %d signal %.2f wait %.1fs train %.1fs",
+        row["step"], row["level"], row["reward"], row["loss"], row["grad_norm"],
+        row["staleness"], row["samples"], row["dropped_groups"], row["signal_fraction"],
+        row["wait_s"], row["train_s"],
+    )  # fmt: skip
+
+
+def _save_state(paths: RunPaths, policy, step: int, consumed, collector: BatchCollector,
+                curriculum, elapsed_s: float) -> None:  # fmt: skip
+    """Trainer state `step`: the optimizer, by every rank, then the file that names it
+    (consumed keys, carried-over groups, curriculum, elapsed time), replaced atomically."""
+    state_file = _state_path(paths, step)
+    tmp = state_file.with_suffix(".tmp")
+    policy.save(paths, step)  # the optimizer, by every rank, before the state that names it
+    torch.save(
+        {
+            "step": step,
+            "consumed": consumed,
+            "carry": [[asdict(x) for x in group] for group in collector.carry],
+            "taken": collector.taken,
+            "curriculum": curriculum.to_dict(),
+            "elapsed_s": elapsed_s,
+        },
+        tmp,
+    )
+    tmp.replace(state_file)
+
+
+def _delete_states_before(paths: RunPaths, step: int) -> None:
+    """Delete the trainer states (files and optimizer directories) of steps before `step`."""
+    for old in paths.trainer_state.glob("step_*"):
+        if int(old.name[5:11]) < step:
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+
+
+def _finish(paths: RunPaths, weights, publisher: Publisher, policy, client: OrchestratorClient,
+            curriculum, last: int) -> None:  # fmt: skip
+    """After the last step: stop, publish what is queued, copy the newest version to
+    final/, tell the orchestrator the run is done, and draw the report."""
     policy.stop()
     publisher.flush()
     final = paths.run / "final"

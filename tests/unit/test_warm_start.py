@@ -67,10 +67,10 @@ def test_the_real_warm_start_lands_in_the_band(tmp_path, threads, seed):
     """The default run's warm start, as `make run` builds it, with 1 and 2 threads and two
     seeds: the sampled reward it records is inside the band, and measuring the saved
     model again gives the same number (a few minutes each)."""
+    from swarmrl.apps.init_model import init_model
     from swarmrl.config import load_config
     from swarmrl.inference.hf import HFBackend
     from swarmrl.models.loading import load_tokenizer
-    from swarmrl.models.tiny import init_model
 
     cfg = load_config(ROOT / "configs" / "tiny.toml")
     band = ws.Band()
