@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pyarrow as pa
@@ -151,7 +152,8 @@ def test_low_precision_passes_the_proofs_and_fails_the_logprobs(setup):
     TOPLOC statistics stay inside the published thresholds; the log-probs do not."""
     cfg, tmp, judge, maker = setup
     key, data = maker.file(make_cheat("low-precision"))
-    info, rows = check_without_model(judge.ctx, key, data)
+    claimed = dataclasses.replace(judge.ctx, issued=issued(key))  # as judge.judge does
+    info, rows = check_without_model(claimed, key, data)
     assert judge.ensure_policy(0)
     tolerance, judge.ctx.logprob_tolerance = judge.ctx.logprob_tolerance, 10.0
     try:
@@ -212,7 +214,8 @@ def test_configured_proof_thresholds_are_applied(setup):
 
     cfg, tmp, judge, maker = setup
     key, data = maker.file(make_cheat("low-precision"))
-    info, rows = check_without_model(judge.ctx, key, data)
+    claimed = dataclasses.replace(judge.ctx, issued=issued(key))  # as judge.judge does
+    info, rows = check_without_model(claimed, key, data)
     assert judge.ensure_policy(0)
     published, judge.ctx.thresholds = judge.ctx.thresholds, Thresholds(38, 0.0, 0.0)
     try:
