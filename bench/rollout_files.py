@@ -15,6 +15,7 @@ from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.rollouts import write_rollouts
 from swarmrl.protocol.sampler import SamplerState
 from swarmrl.protocol.seeds import derive_seed
+from swarmrl.sim.cheats import Cheat
 from swarmrl.tasks.sources.task_source import TaskSource
 from swarmrl.validator.loop import Judge
 
@@ -77,22 +78,26 @@ class Maker:
         self.backend.load(Path(cfg.model.path))
         self.counter = 0
 
-    def file(self, how=None, step: int = 1) -> tuple[str, bytes]:
+    def file(self, cheat: Cheat | None = None, step: int = 1) -> tuple[str, bytes]:
+        """The key and bytes of the next file, honest or made by `cheat` (its
+        `after_load` applied to the model first, as a worker would after a load)."""
         self.counter += 1
         seed = derive_seed(self.cfg.seed, self.node, step, self.counter)
         a = Assignment(
             step=step, policy_step=0, seed=seed, counter=self.counter, sampler=self.state
         )
-        if how is not None:
-            how.after_load(self.backend)
-        rows = build_rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node, how)
+        if cheat is None:
+            rows = build_rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node)
+        else:
+            cheat.after_load(self.backend)
+            rows = cheat.rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node)
         key = rollout_key(a, self.node, self.cfg.worker.groups_per_file)
         ISSUED[key] = {
             "step": step, "policy_step": 0, "counter": self.counter, "seed": seed,
             "max_new_tokens": self.cfg.sampling.max_new_tokens, "sampler": self.state.to_json(),
         }  # fmt: skip
         data = write_rollouts(rows)
-        if how is not None:
+        if cheat is not None:
             self.backend.load(Path(self.cfg.model.path))  # undo what the cheat did to the model
         return key, data
 

@@ -292,8 +292,16 @@ def _worker(args: argparse.Namespace) -> int:
     from swarmrl.inference.worker import NodeRefused, run_worker
 
     _setup_logging()
+    cheat = None
+    if args.cheat:  # a dishonest worker, built on the worker's public steps
+        from swarmrl.sim.cheats import make_cheat, seed_from_home
+
+        cheat = make_cheat(args.cheat, seed=seed_from_home(Path(args.home)))
     try:
-        run_worker(args.orchestrator, Path(args.home), args.cheat, args.threads, args.backend)
+        run_worker(
+            args.orchestrator, Path(args.home), args.threads, args.backend,
+            work=cheat, after_load=cheat.after_load if cheat else None,
+        )  # fmt: skip
     except NodeRefused as e:  # said in the worker's log, which the launcher shows
         logging.getLogger("swarmrl.worker").error("the orchestrator refuses this node: %s", e)
         return e.exit_code

@@ -20,6 +20,16 @@ and makes only outbound connections (it works behind NAT):
    make the node look dead.
 Weights are hot-swapped whenever a newer version is complete. The loop ends
 when the orchestrator says the run is done.
+
+The work of one file is a chain of public steps: `with_budget` (the node's
+length budget), `plan_prompts`, `complete`, `score_rows` (`score_row` per
+sample), `write_rollouts`, `upload_file`; `build_rows` chains the first four.
+They are the seam a simulated worker is built on (the dishonest workers of
+`swarmrl/sim/`, which redo all but one step honestly): `run_worker` takes a
+`FileWork` (the rows of a file and their upload; `HonestWork` by default)
+and one more parameter, `after_load`, for a worker that alters the model
+after every weights load. The honest worker carries no hook of its own for
+them; this module imports nothing from `sim/`.
 """
 
 from __future__ import annotations
@@ -30,7 +40,10 @@ import os
 import platform
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from swarmrl.config import RunConfig
 from swarmrl.errors import EXIT_REFUSED, UserError
@@ -59,40 +72,28 @@ class NodeRefused(UserError, RuntimeError):
     exit_code = EXIT_REFUSED
 
 
-class Honest:
-    """The worker's steps for one file. The cheats of `sim/cheats.py` override some of
-    them; an honest worker runs them as they are."""
-
-    name = "honest"
-
-    def after_load(self, backend) -> None:
-        """Called after every weights load."""
-
-    def plan(self, cfg: RunConfig, source, tokenizer, a: Assignment) -> list[AssignedPrompt]:
-        return assigned_prompts(cfg, source, tokenizer, a.seed, a.sampler or SamplerState())
-
-    def complete(self, cfg: RunConfig, backend, plan: list[AssignedPrompt]) -> list[Completion]:
-        """One completion per sample, flat, group after group."""
-        s = cfg.sampling
-        prompts = [p.tokens for p in plan for _ in p.seeds]
-        seeds = [seed for p in plan for seed in p.seeds]
-        return backend.generate(prompts, seeds, s.max_new_tokens, s.temperature, s.top_p)
-
-    def tamper(self, cfg, tokenizer, backend, plan, rows: list[dict]) -> list[dict]:
-        return rows
-
-    def upload(self, client: OrchestratorClient, a: Assignment, data: bytes) -> str:
-        """Ask for a signed URL for this assignment's file, upload it, submit it."""
-        return upload_file(client, a, data)
+def with_budget(cfg: RunConfig, a: Assignment) -> RunConfig:
+    """`cfg` with the node's length budget of the assignment as `sampling.max_new_tokens`."""
+    if a.max_new_tokens and a.max_new_tokens != cfg.sampling.max_new_tokens:
+        return cfg.model_copy(
+            update={
+                "sampling": cfg.sampling.model_copy(update={"max_new_tokens": a.max_new_tokens})
+            }
+        )
+    return cfg
 
 
-def upload_file(client: OrchestratorClient, a: Assignment, data: bytes) -> str:
-    digest = hashlib.sha256(data).hexdigest()
-    body = {"counter": a.counter, "size": len(data), "sha256": digest}
-    grant = client.call("POST", "/v1/uploads", body)
-    client.put_bytes(grant["url"], data, grant["headers"])
-    client.call("POST", "/v1/submit", {"key": grant["key"], "sha256": digest})
-    return grant["key"]
+def plan_prompts(cfg: RunConfig, source, tokenizer, a: Assignment) -> list[AssignedPrompt]:
+    """The assignment's prompts and their sampling seeds, one `AssignedPrompt` per group."""
+    return assigned_prompts(cfg, source, tokenizer, a.seed, a.sampler or SamplerState())
+
+
+def complete(cfg: RunConfig, backend, plan: list[AssignedPrompt]) -> list[Completion]:
+    """One completion per sample, flat, group after group."""
+    s = cfg.sampling
+    prompts = [p.tokens for p in plan for _ in p.seeds]
+    seeds = [seed for p in plan for seed in p.seeds]
+    return backend.generate(prompts, seeds, s.max_new_tokens, s.temperature, s.top_p)
 
 
 def score_row(cfg: RunConfig, tokenizer, p: AssignedPrompt, g: int, j: int, c: Completion) -> dict:
@@ -120,24 +121,66 @@ def score_row(cfg: RunConfig, tokenizer, p: AssignedPrompt, g: int, j: int, c: C
     }
 
 
-def build_rows(
-    cfg: RunConfig, tokenizer, source: TaskSource, backend, a: Assignment, node: str, how=None
+def score_rows(
+    cfg: RunConfig,
+    tokenizer,
+    plan: list[AssignedPrompt],
+    completions: list[Completion],
+    a: Assignment,
+    node: str,
 ) -> list[dict]:
-    how = how or Honest()
-    if a.max_new_tokens and a.max_new_tokens != cfg.sampling.max_new_tokens:  # the node's budget
-        cfg = cfg.model_copy(
-            update={
-                "sampling": cfg.sampling.model_copy(update={"max_new_tokens": a.max_new_tokens})
-            }
-        )
-    plan = how.plan(cfg, source, tokenizer, a)
-    completions = iter(how.complete(cfg, backend, plan))
+    """The file's rows: every completion scored (`score_row`), labelled with the
+    assignment's step and policy and the node."""
+    done = iter(completions)
     rows = []
     for g, p in enumerate(plan):
         for j in range(len(p.seeds)):
-            row = score_row(cfg, tokenizer, p, g, j, next(completions))
+            row = score_row(cfg, tokenizer, p, g, j, next(done))
             rows.append(row | {"step": a.step, "policy_step": a.policy_step, "node": node})
-    return how.tamper(cfg, tokenizer, backend, plan, rows)
+    return rows
+
+
+def build_rows(
+    cfg: RunConfig, tokenizer, source: TaskSource, backend, a: Assignment, node: str
+) -> list[dict]:
+    """The rows of the assignment's file, as an honest worker makes them."""
+    cfg = with_budget(cfg, a)
+    plan = plan_prompts(cfg, source, tokenizer, a)
+    return score_rows(cfg, tokenizer, plan, complete(cfg, backend, plan), a, node)
+
+
+def upload_file(client: OrchestratorClient, a: Assignment, data: bytes) -> str:
+    """Ask for a signed URL for this assignment's file, upload it, submit it; the file's key."""
+    digest = hashlib.sha256(data).hexdigest()
+    body = {"counter": a.counter, "size": len(data), "sha256": digest}
+    grant = client.call("POST", "/v1/uploads", body)
+    client.put_bytes(grant["url"], data, grant["headers"])
+    client.call("POST", "/v1/submit", {"key": grant["key"], "sha256": digest})
+    return grant["key"]
+
+
+class FileWork(Protocol):
+    """What a node makes of one assignment: the rows of its file, and their upload."""
+
+    name: str
+
+    def rows(
+        self, cfg: RunConfig, tokenizer, source: TaskSource, backend, a: Assignment, node: str
+    ) -> list[dict]: ...
+
+    def upload(self, client: OrchestratorClient, a: Assignment, data: bytes) -> str: ...
+
+
+class HonestWork:
+    """`FileWork` as the protocol asks for it: `build_rows` and `upload_file`."""
+
+    name = "honest"
+
+    def rows(self, cfg, tokenizer, source, backend, a, node) -> list[dict]:
+        return build_rows(cfg, tokenizer, source, backend, a, node)
+
+    def upload(self, client, a, data) -> str:
+        return upload_file(client, a, data)
 
 
 def hardware_report(cfg: RunConfig, backend, tokenizer, threads: int) -> dict:
@@ -216,20 +259,139 @@ def _node_config(params: dict, home: Path, client: OrchestratorClient) -> RunCon
     return cfg
 
 
-def run_worker(
-    url: str, home: Path, cheat: str | None = None, threads: int = 1, backend: str | None = None
-) -> None:
-    """`backend` overrides the run's `inference.backend` (this machine's choice)."""
-    import torch
+def _refused(e: OrchestratorError) -> None:
+    """Raise NodeRefused for a 403: the orchestrator will not take this node's work."""
+    if e.status == 403:
+        raise NodeRefused(e.detail) from None
 
-    torch.set_num_threads(threads)
-    home = Path(home)
-    home.mkdir(parents=True, exist_ok=True)
-    how = Honest()
-    if cheat:
-        from swarmrl.sim.cheats import make_cheat
 
-        how = make_cheat(cheat, seed=int(hashlib.sha256(str(home).encode()).hexdigest()[:6], 16))
+def _assignment(j: dict) -> Assignment:
+    """The assignment of a heartbeat answer."""
+    return Assignment(
+        step=j["step"],
+        policy_step=j["policy_step"],
+        seed=j["seed"],
+        counter=j["counter"],
+        sampler=SamplerState.from_json(j["sampler"] or {}),
+        max_new_tokens=j["max_new_tokens"],
+    )
+
+
+@dataclass
+class WorkerNode:
+    """A node that joined a run: what it follows, generates with and reports, and the
+    steps of the loop (`run_worker`) on them."""
+
+    cfg: RunConfig
+    client: OrchestratorClient
+    params: dict  # the run's public parameters (GET /v1/run)
+    node: str  # the node's public key, hex
+    weights: object  # the weights source: newest() and open_verified(version)
+    source: TaskSource
+    backend: object  # the generation backend
+    threads: int
+    work: FileWork
+    after_load: Callable | None = None
+    tokenizer: object = None  # loaded with the first weights
+    loaded: int | None = None  # the policy version in the backend
+    hardware: dict | None = None  # measured once, before the first registration
+    beat: Heartbeat | None = None
+
+    def follow_weights(self) -> bool:
+        """Load the newest complete policy version unless it is loaded; False (after a
+        pause) while there is none, and False when it vanished while being read."""
+        newest = self.weights.newest()
+        if newest is None:
+            time.sleep(self.cfg.worker.poll_s)
+            return False
+        if newest != self.loaded:
+            try:
+                path = self.weights.open_verified(newest)
+                t0 = time.time()
+                self.backend.load(path)
+                if self.after_load is not None:
+                    self.after_load(self.backend)
+                if self.tokenizer is None:
+                    self.tokenizer = load_tokenizer(str(path))
+            except FileNotFoundError:
+                # Recovered: retention deleted this version while we read it; look again.
+                return False
+            log.info("loaded policy version %d in %.2fs", newest, time.time() - t0)
+            self.loaded = newest
+        return True
+
+    def register(self, c: OrchestratorClient | None = None) -> None:
+        """Register (again) with the hardware measured at the first registration."""
+        c = c or self.client
+        r = c.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": self.hardware})
+        log.info("registered: stake %.1f, length budget %d", r["stake"], r["max_new_tokens"])
+
+    def enlist(self) -> None:
+        """Once, with the first weights loaded: measure the hardware, register, start
+        the heartbeat thread."""
+        if self.hardware is not None:
+            return
+        self.hardware = hardware_report(self.cfg, self.backend, self.tokenizer, self.threads)
+        log.info("hardware: %s", self.hardware)
+        try:
+            self.register()
+        except OrchestratorError as e:
+            _refused(e)
+            raise
+        self.beat = Heartbeat(self.client, self.params["heartbeat_s"], self.register)
+        self.beat.thread.start()
+
+    def ask_for_work(self) -> dict | None:
+        """The heartbeat answer to a request for work; None when the node had been
+        declared dead and registered again."""
+        self.beat.policy = self.loaded
+        try:
+            return self.client.call(
+                "POST", "/v1/nodes/heartbeat", {"policy_version": self.loaded, "want_work": True}
+            )
+        except OrchestratorError as e:
+            _refused(e)
+            if e.status != 409:
+                raise
+            self.register()
+            return None
+
+    def do_file(self, a: Assignment) -> None:
+        """Generate, score, write and upload the file of `a`; an upload refused for
+        another reason than the node's ejection is logged and the file dropped."""
+        t0 = time.time()
+        rows = self.work.rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node)
+        data = write_rollouts(rows)
+        try:
+            key = self.work.upload(self.client, a, data)
+        except OrchestratorError as e:
+            log.warning("upload refused: %s", e)
+            _refused(e)
+            return
+        n_tok = sum(len(r["completion_tokens"]) for r in rows)
+        mean_r = sum(r["reward"] for r in rows) / len(rows)
+        dt = time.time() - t0
+        log.info(
+            "step %d policy %d: %d samples, reward %.3f, %.0f tok/s -> %s",
+            a.step,
+            a.policy_step,
+            len(rows),
+            mean_r,
+            n_tok / max(dt, 1e-9),
+            key,
+        )
+
+
+def join_run(
+    url: str,
+    home: Path,
+    threads: int,
+    backend: str | None,
+    work: FileWork | None,
+    after_load: Callable | None,
+) -> WorkerNode:
+    """Load or create the node key, read the run's parameters, and set up the weights
+    source, the task source and the generation backend (not registered yet)."""
     key = load_or_create_key(home / "node.key")
     node = public_key_hex(key)
     client = OrchestratorClient(url, key)
@@ -245,103 +407,56 @@ def run_worker(
         weights = LocalWeights(cfg.paths.weights)
     source = TaskSource(cfg.task, cfg.seed)
     which = resolve_backend(backend or cfg.inference.backend)
-    if cheat and which != "hf":  # the cheats edit the HF model (and generate with it)
-        log.info("--cheat %s: generating with the hf backend, not %s", cheat, which)
+    if work is not None and which != "hf":  # a simulated worker edits the HF model
+        log.info("--cheat %s: generating with the hf backend, not %s", work.name, which)
         which = "hf"
     backend = make_backend(cfg, threads, which)
-    tokenizer = None
-    loaded: int | None = None
+    work = work or HonestWork()
     log.info(
-        "node %s (%s, %s backend) joining run %s at %s", node, how.name, which,
+        "node %s (%s, %s backend) joining run %s at %s", node, work.name, which,
         params["run_id"], url,
     )  # fmt: skip
+    return WorkerNode(
+        cfg=cfg, client=client, params=params, node=node, weights=weights, source=source,
+        backend=backend, threads=threads, work=work, after_load=after_load,
+    )  # fmt: skip
 
-    def register(c: OrchestratorClient = client) -> None:
-        r = c.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": hardware})
-        log.info("registered: stake %.1f, length budget %d", r["stake"], r["max_new_tokens"])
 
-    hardware = None
-    beat = None
+def run_worker(
+    url: str,
+    home: Path,
+    threads: int = 1,
+    backend: str | None = None,
+    work: FileWork | None = None,
+    after_load: Callable | None = None,
+) -> None:
+    """Join the run at `url` and work until it is done. `backend` overrides the run's
+    `inference.backend` (this machine's choice). `work` makes and uploads each file
+    (default `HonestWork`); a simulated worker passes its own, which generates with the
+    hf backend. `after_load(backend)` runs after every weights load, before the hardware
+    probe: the seam for a simulated worker that runs a model other than the policy.
+    Raises NodeRefused when the orchestrator refuses the node."""
+    import torch
+
+    torch.set_num_threads(threads)
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    w = join_run(url, home, threads, backend, work, after_load)
     while True:
-        newest = weights.newest()
-        if newest is None:
-            time.sleep(cfg.worker.poll_s)
+        if not w.follow_weights():
             continue
-        if newest != loaded:
-            try:
-                path = weights.open_verified(newest)
-                t0 = time.time()
-                backend.load(path)
-                how.after_load(backend)
-                if tokenizer is None:
-                    tokenizer = load_tokenizer(str(path))
-            except FileNotFoundError:
-                # Recovered: retention deleted this version while we read it; look again.
-                continue
-            log.info("loaded policy version %d in %.2fs", newest, time.time() - t0)
-            loaded = newest
-        if hardware is None:
-            hardware = hardware_report(cfg, backend, tokenizer, threads)
-            log.info("hardware: %s", hardware)
-            try:
-                register()
-            except OrchestratorError as e:
-                if e.status == 403:
-                    raise NodeRefused(e.detail) from None
-                raise
-            beat = Heartbeat(client, params["heartbeat_s"], register)
-            beat.thread.start()
-        beat.policy = loaded
-        try:
-            hb = client.call(
-                "POST", "/v1/nodes/heartbeat", {"policy_version": loaded, "want_work": True}
-            )
-        except OrchestratorError as e:
-            if e.status == 403:
-                raise NodeRefused(e.detail) from None
-            if e.status != 409:
-                raise
-            register()
+        w.enlist()
+        hb = w.ask_for_work()
+        if hb is None:
             continue
         if hb["done"]:
             log.info("the orchestrator reports the run done; worker exits")
-            beat.stop.set()
+            w.beat.stop.set()
             return
         if hb["assignment"] is None:
-            time.sleep(cfg.worker.poll_s)
+            time.sleep(w.cfg.worker.poll_s)
             continue
-        j = hb["assignment"]
-        from swarmrl.protocol.sampler import SamplerState
-
-        a = Assignment(
-            step=j["step"],
-            policy_step=j["policy_step"],
-            seed=j["seed"],
-            counter=j["counter"],
-            sampler=SamplerState.from_json(j["sampler"] or {}),
-            max_new_tokens=j["max_new_tokens"],
-        )
-        if a.policy_step != loaded:
+        a = _assignment(hb["assignment"])
+        if a.policy_step != w.loaded:
             continue  # assigned before a swap: the orchestrator re-issues it at our version
-        t0 = time.time()
-        rows = build_rows(cfg, tokenizer, source, backend, a, node, how)
-        data = write_rollouts(rows)
-        try:
-            key = how.upload(client, a, data)
-        except OrchestratorError as e:
-            log.warning("upload refused: %s", e)
-            if e.status == 403:
-                raise NodeRefused(e.detail) from None
-            continue
-        n_tok = sum(len(r["completion_tokens"]) for r in rows)
-        mean_r = sum(r["reward"] for r in rows) / len(rows)
-        dt = time.time() - t0
-        log.info(
-            "step %d policy %d: %d samples, reward %.3f, %.0f tok/s -> %s",
-            a.step,
-            a.policy_step,
-            len(rows),
-            mean_r,
-            n_tok / max(dt, 1e-9),
-            key,
-        )
+        w.do_file(a)

@@ -23,16 +23,26 @@ by that one thing:
 - replay: after one honest file, submits that file again, relabelled, as the
   work of every later assignment.
 
-These are test fixtures of the validator, not part of an honest run.
+These are test fixtures of the validator, not part of an honest run. Each
+is a `Cheat`: the public steps of `inference/worker.py` (plan the prompts,
+complete them, score the rows, upload), of which a cheat overrides one, plus
+`after_load`, which `swarmrl worker --cheat KIND` hands to `run_worker` as
+its one seam for altering the model after every weights load. The worker
+itself knows nothing of cheats.
 """
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import torch
 
+from swarmrl.inference import worker
 from swarmrl.inference.hf import Completion, HFBackend
-from swarmrl.inference.worker import Honest, score_row
+from swarmrl.models.prompting import encode_prompt
 from swarmrl.protocol.prompts import AssignedPrompt, assigned_prompts
+from swarmrl.protocol.rollouts import read_rollouts, write_rollouts
 from swarmrl.protocol.sampler import SamplerState
 from swarmrl.toploc.proof import build_proofs_many
 
@@ -58,7 +68,36 @@ def prove_by_prefill(backend, prompts, completions: list[list[int]]) -> list[Com
     return out
 
 
-class OtherModel(Honest):
+class Cheat:
+    """A worker that does every step of a file honestly; each cheat below overrides
+    the one step it cheats in. A `FileWork` for `run_worker`, with `after_load`."""
+
+    name = "honest"
+
+    def after_load(self, backend) -> None:
+        """Called after every weights load, before the backend is used."""
+
+    def plan(self, cfg, source, tokenizer, a) -> list[AssignedPrompt]:
+        return worker.plan_prompts(cfg, source, tokenizer, a)
+
+    def complete(self, cfg, backend, plan: list[AssignedPrompt]) -> list[Completion]:
+        return worker.complete(cfg, backend, plan)
+
+    def tamper(self, cfg, tokenizer, backend, plan, rows: list[dict]) -> list[dict]:
+        return rows
+
+    def rows(self, cfg, tokenizer, source, backend, a, node) -> list[dict]:
+        """The file's rows: `build_rows` of the worker, step by step."""
+        cfg = worker.with_budget(cfg, a)
+        plan = self.plan(cfg, source, tokenizer, a)
+        rows = worker.score_rows(cfg, tokenizer, plan, self.complete(cfg, backend, plan), a, node)
+        return self.tamper(cfg, tokenizer, backend, plan, rows)
+
+    def upload(self, client, a, data: bytes) -> str:
+        return worker.upload_file(client, a, data)
+
+
+class OtherModel(Cheat):
     name = "other-model"
 
     def __init__(self, seed: int = 0, scale: float = 0.05):
@@ -68,7 +107,7 @@ class OtherModel(Honest):
         perturb(backend.model, self.scale, self.seed)
 
 
-class LowPrecision(Honest):
+class LowPrecision(Cheat):
     name = "low-precision"
 
     def after_load(self, backend) -> None:
@@ -77,12 +116,10 @@ class LowPrecision(Honest):
                 p.copy_(p.to(torch.bfloat16).to(p.dtype))
 
 
-class AlteredPrompt(Honest):
+class AlteredPrompt(Cheat):
     name = "altered-prompt"
 
     def complete(self, cfg, backend, plan):
-        from swarmrl.models.prompting import encode_prompt
-
         tok = self.tokenizer
         altered = [
             AssignedPrompt(
@@ -97,7 +134,7 @@ class AlteredPrompt(Honest):
         return super().plan(cfg, source, tokenizer, a)
 
 
-class CheapTokens(Honest):
+class CheapTokens(Cheat):
     name = "cheap-tokens"
 
     def __init__(self, seed: int = 0):
@@ -121,7 +158,7 @@ class CheapTokens(Honest):
         return proved
 
 
-class InflatedReward(Honest):
+class InflatedReward(Cheat):
     name = "inflated-reward"
 
     def tamper(self, cfg, tokenizer, backend, plan, rows):
@@ -130,7 +167,7 @@ class InflatedReward(Honest):
         return rows
 
 
-class WrongSeed(Honest):
+class WrongSeed(Cheat):
     name = "wrong-seed"
 
     def complete(self, cfg, backend, plan):
@@ -142,7 +179,7 @@ class WrongSeed(Honest):
         return super().complete(cfg, backend, mine)
 
 
-class Truncate(Honest):
+class Truncate(Cheat):
     name = "truncate"
 
     def tamper(self, cfg, tokenizer, backend, plan, rows):
@@ -152,25 +189,25 @@ class Truncate(Honest):
         for r, c in zip(rows, proved, strict=True):
             p = plan[r["group"]]
             j = p.seeds.index(r["seed"])
-            out.append(r | score_row(cfg, tokenizer, p, r["group"], j, c))
+            out.append(r | worker.score_row(cfg, tokenizer, p, r["group"], j, c))
         return out
 
 
-class WrongPrompts(Honest):
+class WrongPrompts(Cheat):
     name = "wrong-prompts"
 
     def plan(self, cfg, source, tokenizer, a):
         return assigned_prompts(cfg, source, tokenizer, a.seed + 1, a.sampler or SamplerState())
 
 
-class EasyLevel(Honest):
+class EasyLevel(Cheat):
     name = "easy-level"
 
     def plan(self, cfg, source, tokenizer, a):
         return assigned_prompts(cfg, source, tokenizer, a.seed, SamplerState())
 
 
-class Replay(Honest):
+class Replay(Cheat):
     name = "replay"
 
     def __init__(self):
@@ -181,9 +218,6 @@ class Replay(Honest):
         every later assignment, relabelled with its step and policy. The same bytes
         again are refused by the orchestrator; relabelled bytes are new to it, and the
         validator finds prompts that are not the assignment's."""
-        from swarmrl.inference.worker import upload_file
-        from swarmrl.protocol.rollouts import read_rollouts, write_rollouts
-
         if self.first is None:
             self.first = data
         else:
@@ -191,7 +225,7 @@ class Replay(Honest):
             data = write_rollouts(
                 [r | {"step": a.step, "policy_step": a.policy_step} for r in rows]
             )
-        return upload_file(client, a, data)
+        return worker.upload_file(client, a, data)
 
 
 CHEATS = {
@@ -212,7 +246,12 @@ CHEATS = {
 RL_CHEATS = ["other-model", "low-precision", "altered-prompt", "cheap-tokens", "inflated-reward"]
 
 
-def make_cheat(name: str, seed: int = 0) -> Honest:
+def seed_from_home(home: Path) -> int:
+    """A cheat's seed for a node home (`swarmrl worker --cheat`): nodes differ in it."""
+    return int(hashlib.sha256(str(home).encode()).hexdigest()[:6], 16)
+
+
+def make_cheat(name: str, seed: int = 0) -> Cheat:
     if name not in CHEATS:
         raise ValueError(f"unknown cheat '{name}'; known: {', '.join(CHEATS)}")
     cls = CHEATS[name]

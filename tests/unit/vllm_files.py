@@ -34,9 +34,9 @@ def completions(backend, tokenizer) -> dict:
 def one_token_changed():
     """A worker that generates honestly with vLLM, then changes one token in the middle
     of its longest completion (text and reward are scored from the changed tokens)."""
-    from swarmrl.inference.worker import Honest
+    from swarmrl.sim.cheats import Cheat
 
-    class OneTokenChanged(Honest):
+    class OneTokenChanged(Cheat):
         def complete(self, cfg, backend, plan):
             out = super().complete(cfg, backend, plan)
             c = max(out, key=lambda c: len(c.tokens))
