@@ -104,17 +104,6 @@ def sampled_reward(
     return total / len(done)
 
 
-def _backend_for(model):
-    from swarmrl.inference.hf import HFBackend
-
-    b = HFBackend()
-    b.model = model
-    eos = model.config.eos_token_id
-    b.eos_id = eos[0] if isinstance(eos, list) else eos
-    b.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else b.eos_id
-    return b
-
-
 def warm_start(
     model,
     tokenizer,
@@ -135,6 +124,7 @@ def warm_start(
     """Supervised pass on (prompt, answer) pairs until the sampled reward is in `band`."""
     import torch
 
+    from swarmrl.inference.hf import HFBackend
     from swarmrl.models.prompting import encode_prompt
     from swarmrl.tasks.sources.generated import GENERATORS, answer_text
 
@@ -142,7 +132,7 @@ def warm_start(
     gen = GENERATORS[task_cfg.name]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    backend = _backend_for(model)
+    backend = HFBackend.around(model)
 
     def measure() -> float:
         model.eval()
