@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 from swarmrl.config import RunConfig
-from swarmrl.inference.hf import Completion, make_backend, resolve_backend
+from swarmrl.inference.engine import make_engine, resolve_engine
+from swarmrl.inference.generation import Completion
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.models.prompting import decode_completion
 from swarmrl.protocol.assign import Assignment
@@ -42,8 +43,7 @@ from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.prompts import AssignedPrompt, assigned_prompts
 from swarmrl.protocol.rollouts import write_rollouts
 from swarmrl.protocol.sampler import SamplerState
-from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.source import follow_weights
+from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.graders.registry import configure as configure_verifiers
 from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.length import length_penalty
@@ -233,19 +233,16 @@ def run_worker(
     params = client.run_params()
     cfg = _node_config(params, home, client)
     configure_verifiers(cfg)
-    if cfg.shardcast.enabled:
-        weights = follow_weights(
-            cfg, home / "weights", params["servers"], params["trainer_key"], node[:12],
-            home / "weights_latency.jsonl", client=client,
-        )  # fmt: skip
-    else:  # one machine without SHARDCAST: the trainer's directory, named by the operator
-        weights = LocalWeights(cfg.paths.weights)
+    weights = open_weights_source(
+        cfg, node[:12], client=client, root=home / "weights", servers=params["servers"],
+        trusted_key=params["trainer_key"], latency_log=home / "weights_latency.jsonl",
+    )  # fmt: skip
     source = TaskSource(cfg.task, cfg.seed)
-    which = resolve_backend(backend or cfg.inference.backend)
+    which = resolve_engine(backend or cfg.inference.backend)
     if cheat and which != "hf":  # the cheats edit the HF model (and generate with it)
         log.info("--cheat %s: generating with the hf backend, not %s", cheat, which)
         which = "hf"
-    backend = make_backend(cfg, threads, which)
+    backend = make_engine(cfg, threads, which)
     tokenizer = None
     loaded: int | None = None
     log.info(
