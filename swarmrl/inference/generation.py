@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -35,8 +36,9 @@ class Completion:
     proofs: bytes = b""  # TOPLOC proofs of the generated positions (when asked for)
 
 
-# choose(logits (b, V) of the last position, step t) -> (tokens (b,), log-probs (b,))
-Choose = Callable[..., tuple]
+# choose(logits (b, V) at the last position, step t) -> (tokens (b,), their log-probs (b,)):
+# tensors; the step counts from 0 at the first generated token.
+Choose = Callable[[Any, int], tuple[Any, Any]]
 
 
 def greedy(logits, step: int):

@@ -139,10 +139,8 @@ class HFBackend:
                 states.close()
         if proofs:
             hidden = torch.stack(states.states, dim=1).cpu()  # (b, steps, H)
-            n = [len(c.tokens) for c in out]
-            for c, pb in zip(
-                out, build_proofs_many([hidden[i, : n[i]] for i in range(len(out))]), strict=True
-            ):
+            proofs = build_proofs_many([hidden[i, : len(c.tokens)] for i, c in enumerate(out)])
+            for c, pb in zip(out, proofs, strict=True):
                 c.proofs = pb
         return out
 
