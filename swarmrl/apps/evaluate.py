@@ -4,7 +4,10 @@ Greedy decoding (argmax) on the eval split, at a fixed difficulty level of
 generated tasks (0 by default: the run's starting difficulty, whatever level
 the curriculum reached). Accuracy counts completions with task reward 1.0
 (exact reversal, exact sum); mean reward averages the task reward. Prompts are
-batched with left padding.
+batched with left padding and decoded by the workers' loop
+(inference/generation.py), which stops a completion at any of the model's EOS
+ids; the argmax is taken over the raw logits (the model's generation_config,
+e.g. a repetition penalty, is not applied).
 
 With a target length T (`swarmrl eval --target-length T`), every prompt
 carries the thinking-budget instruction for T tokens, as in training, and the
@@ -33,29 +36,21 @@ def greedy_scores(
 
 
 def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_length: int):
-    import torch
-
+    """(completion text, task reward, tokens before EOS) for each task."""
+    from swarmrl.inference.generation import decode, greedy
     from swarmrl.models.prompting import decode_completion, encode_prompt, prompt_text
     from swarmrl.tasks.graders.registry import verify
 
     eos = model.config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
-    pad = tokenizer.pad_token_id
+    eos = list(dict.fromkeys(eos if isinstance(eos, list) else [eos]))
     out_scores = []
     for s in range(0, len(tasks), batch):
         chunk = tasks[s : s + batch]
         prompts = [encode_prompt(tokenizer, prompt_text(t.prompt, target_length)) for t in chunk]
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
-                do_sample=False, pad_token_id=pad, eos_token_id=list(eos),
-            )  # fmt: skip
-        for t, row in zip(chunk, out[:, width:].tolist(), strict=True):
-            cut = next((i for i, x in enumerate(row) if x in eos), len(row))
-            text = decode_completion(tokenizer, row[:cut])
+        done = decode(model, prompts, max_new_tokens, greedy, eos, tokenizer.pad_token_id)
+        for t, c in zip(chunk, done, strict=True):
+            cut = len(c.tokens) - c.finished  # the EOS token is not part of the text
+            text = decode_completion(tokenizer, c.tokens[:cut])
             out_scores.append((text, verify(t, text), cut))
     return out_scores
 

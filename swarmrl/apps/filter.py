@@ -17,10 +17,15 @@ sampled again, and a torn last line (the kill came mid-write) is dropped
 from both files before continuing. Tasks are told apart by `problem_id`, so
 ids must be unique in the input.
 
-Sampling is plain `transformers` generate (multinomial with temperature and
-top-p, seeded per task from `seed` and the task's position, so a rerun of a
-task draws the same samples on the same machine); it is a filter, not a
-checkable rollout, so it does not use the worker's sampler.
+Sampling draws as transformers' `generate(do_sample=True)` draws (temperature,
+the model's top-k, 50 when its generation_config sets none, top-p, then
+`torch.multinomial`), seeded per task from `seed` and the task's id, so a
+rerun of a task draws the same samples on the same machine. It is a filter,
+not a checkable rollout, so it does not use the worker's Gumbel-max sampler;
+it does use the workers' decoding loop (inference/generation.py) and its EOS
+rule (a completion ends at any of the model's EOS ids). Other sampling
+settings a generation_config may carry (repetition penalty, min-p...) are not
+applied.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from pathlib import Path
 from swarmrl.errors import UserError
 from swarmrl.tasks.schema import TaskError
 from swarmrl.tasks.sources.task_source import load_task_file
+
+GENERATE_TOP_K = 50  # transformers' top-k when a model's generation_config sets none
 
 
 class FilterError(UserError, ValueError):
@@ -64,29 +71,53 @@ def _task_seed(seed: int, problem_id: str) -> int:
     return int.from_bytes(digest[:4], "big")
 
 
+def multinomial(temperature: float, top_p: float, top_k: int | None):
+    """A token choice for `decode` that samples as transformers' `generate` does with
+    do_sample: its temperature, top-k and top-p warpers in that order, then
+    `torch.multinomial` over the softmax (torch's global generator)."""
+    import torch
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = []
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k=top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=top_p))
+
+    def choose(logits, step: int):
+        scores = logits.to(copy=True, dtype=torch.float32)
+        for w in warpers:
+            scores = w(None, scores)
+        probs = torch.softmax(scores, dim=-1)
+        token = torch.multinomial(probs, num_samples=1).squeeze(1)
+        return token, torch.log(probs.gather(-1, token[:, None]).squeeze(-1))
+
+    return choose
+
+
 def solve_rate(model, tokenizer, task, samples: int, max_new_tokens: int, temperature: float,
                top_p: float, seed: int) -> float:  # fmt: skip
     """The fraction of `samples` sampled completions with task reward 1.0."""
     import torch
 
+    from swarmrl.inference.generation import decode
     from swarmrl.models.prompting import decode_completion, encode_prompt
     from swarmrl.tasks.graders.registry import verify
 
-    ids = torch.tensor([encode_prompt(tokenizer, task.prompt)])
+    prompt = encode_prompt(tokenizer, task.prompt)
     eos = model.config.eos_token_id
     eos = list(eos) if isinstance(eos, list) else [eos]
+    top_k = model.generation_config.top_k
+    choose = multinomial(temperature, top_p, GENERATE_TOP_K if top_k is None else top_k)
     torch.manual_seed(_task_seed(seed, task.problem_id))
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
-            temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-            num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id or eos[0],
-            eos_token_id=eos,
-        )  # fmt: skip
+    done = decode(model, [prompt] * samples, max_new_tokens, choose, eos,
+                  tokenizer.pad_token_id or eos[0])  # fmt: skip
     solved = 0
-    for row in out[:, ids.shape[1] :].tolist():
-        cut = next((i for i, x in enumerate(row) if x in eos), len(row))
-        solved += verify(task, decode_completion(tokenizer, row[:cut])) == 1.0
+    for c in done:
+        cut = len(c.tokens) - c.finished  # the EOS token is not part of the text
+        solved += verify(task, decode_completion(tokenizer, c.tokens[:cut])) == 1.0
     return solved / samples
 
 

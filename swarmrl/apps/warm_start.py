@@ -104,17 +104,6 @@ def sampled_reward(
     return total / len(done)
 
 
-def _backend_for(model):
-    from swarmrl.inference.hf import HFBackend
-
-    b = HFBackend()
-    b.model = model
-    eos = model.config.eos_token_id
-    b.eos_id = eos[0] if isinstance(eos, list) else eos
-    b.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else b.eos_id
-    return b
-
-
 class _Supervised:
     """The supervised pass: AdamW steps on batches of generated train problems, taken
     in order (prompt + answer + EOS, loss on the answer tokens only), and checkpoints
@@ -202,9 +191,11 @@ def warm_start(
     threads: int = 1,
 ) -> WarmStartResult:
     """Supervised pass on (prompt, answer) pairs until the sampled reward is in `band`."""
+    from swarmrl.inference.hf import HFBackend
+
     t0 = time.time()
     sft = _Supervised(model, tokenizer, task_cfg, batch, lr, seed)
-    backend = _backend_for(model)
+    backend = HFBackend.around(model)
 
     def measure() -> float:
         model.eval()

@@ -37,7 +37,7 @@ class SamplingConfig(Section):
 
 
 class InferenceConfig(Section):
-    """[inference]: the engine a worker generates with (inference/hf.py)."""
+    """[inference]: the engine a worker generates with (inference/engine.py)."""
 
     backend: Literal["auto", "hf", "vllm"] = Field(
         "auto",

@@ -1,11 +1,12 @@
-"""Generation backends: the seam between the worker loop and an inference engine.
+"""The transformers engine: generation with proofs, and the validator's prefill.
 
-`HFBackend` runs a transformers causal LM with its own sampling loop (batched,
-left-padded, KV cache, temperature, top-p). It owns the loop instead of calling
-`model.generate` because swarmrl needs what `generate` does not give cleanly:
-the sampler's log-prob of each chosen token, seeded Gumbel-max sampling that a
-validator can replay token by token (toploc/sampling.py), and the last hidden
-state of every generated position for the TOPLOC proofs.
+`HFBackend` runs a transformers causal LM through the decoding loop of
+inference/generation.py (batched, left-padded, KV cache) with seeded
+Gumbel-max sampling (temperature, top-p) as its token choice. It runs its own
+loop instead of calling `model.generate` because swarmrl needs what
+`generate` does not give cleanly: the sampler's log-prob of each chosen token,
+sampling that a validator can replay token by token (toploc/sampling.py), and
+the last hidden state of every generated position for the TOPLOC proofs.
 
 Each sequence has its own seed; the noise depends only on (seed, position,
 token id), so the tokens of a sample do not depend on the batch it ran in.
@@ -14,39 +15,17 @@ Hidden states: a forward hook on the final norm (the input of the LM head)
 keeps the last position of every forward pass, in bfloat16: the position
 whose state produced the next token. `prefill` is the validator's side: one
 forward over prompt + completion[:-1] that returns the same states and the
-logits of the generated positions.
+logits of the generated positions. It is this engine's alone: the factory
+(inference/engine.py) gives it to every caller that needs a prefill.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
+from swarmrl.inference.generation import Completion, decode
 from swarmrl.toploc.proof import build_proofs_many
 from swarmrl.toploc.sampling import gumbel_sample
-
-
-@dataclass
-class Completion:
-    tokens: list[int]
-    logprobs: list[float]
-    finished: bool  # ended on EOS (False: stopped at the length limit)
-    proofs: bytes = b""  # TOPLOC proofs of the generated positions (when asked for)
-
-
-class GenerationBackend(Protocol):
-    def load(self, path: Path) -> None: ...
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        seeds: list[int],
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        proofs: bool = True,
-    ) -> list[Completion]: ...
 
 
 def final_norm(model):
@@ -77,7 +56,7 @@ class _LastStates:
 
 
 class HFBackend:
-    """Sampling loop over a transformers model on CPU or one GPU."""
+    """The engine over a transformers model on CPU or one GPU: `generate` and `prefill`."""
 
     def __init__(self, dtype: str = "float32", device: str = "cpu", max_batch: int = 256):
         self.dtype = dtype
@@ -86,6 +65,20 @@ class HFBackend:
         self.model = None
         self.eos_id: int | None = None
         self.pad_id: int | None = None
+
+    @classmethod
+    def around(cls, model, max_batch: int = 256) -> HFBackend:
+        """An engine over a model already in memory (on the CPU), which it does not copy."""
+        engine = cls(max_batch=max_batch)
+        engine._adopt(model)
+        return engine
+
+    def _adopt(self, model) -> None:
+        self.model = model
+        cfg = model.config
+        eos = cfg.eos_token_id
+        self.eos_id = eos[0] if isinstance(eos, list) else eos
+        self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else self.eos_id
 
     def load(self, path: Path) -> None:
         """Load a model, or swap weights into the one already loaded (hot swap)."""
@@ -96,11 +89,7 @@ class HFBackend:
 
         path = Path(path)
         if self.model is None:
-            self.model = load_model(str(path), self.dtype).to(self.device)
-            cfg = self.model.config
-            eos = cfg.eos_token_id
-            self.eos_id = eos[0] if isinstance(eos, list) else eos
-            self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else self.eos_id
+            self._adopt(load_model(str(path), self.dtype).to(self.device))
             return
         state = {}
         for f in sorted(path.glob("*.safetensors")):
@@ -135,67 +124,25 @@ class HFBackend:
 
     def _generate_batch(self, prompts, seeds, max_new_tokens, temperature, top_p, proofs):
         import torch
-        from transformers import DynamicCache
 
-        model = self.model
-        b = len(prompts)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((b, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            attn[i, width - len(p) :] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
         seed_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        tokens = torch.empty((b, 0), dtype=torch.long, device=self.device)
-        logps = torch.empty((b, 0), dtype=torch.float32, device=self.device)
-        done = torch.zeros(b, dtype=torch.bool, device=self.device)
-        lengths = torch.full((b,), max_new_tokens, dtype=torch.long, device=self.device)
-        cache = DynamicCache()
-        states = _LastStates(model, last_only=True) if proofs else None
+
+        def choose(logits, t: int):
+            step = torch.full((len(prompts),), t, dtype=torch.int64, device=self.device)
+            return gumbel_sample(logits, seed_t, step, temperature, top_p)
+
+        states = _LastStates(self.model, last_only=True) if proofs else None
         try:
-            with torch.no_grad():
-                logits = model(
-                    input_ids=ids,
-                    attention_mask=attn,
-                    position_ids=pos,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                ).logits[:, -1]
-                for t in range(max_new_tokens):
-                    step = torch.full((b,), t, dtype=torch.int64, device=self.device)
-                    tok, lp = gumbel_sample(logits, seed_t, step, temperature, top_p)
-                    tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-                    tokens = torch.cat([tokens, tok[:, None]], dim=1)
-                    logps = torch.cat([logps, lp[:, None]], dim=1)
-                    newly = (~done) & (tok == self.eos_id)
-                    lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
-                    done = done | newly
-                    if bool(done.all()) or t == max_new_tokens - 1:
-                        break
-                    attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-                    pos = pos[:, -1:] + 1
-                    logits = model(
-                        input_ids=tok[:, None],
-                        attention_mask=attn,
-                        position_ids=pos,
-                        past_key_values=cache,
-                        use_cache=True,
-                    ).logits[:, -1]
+            out = decode(self.model, prompts, max_new_tokens, choose, [self.eos_id], self.pad_id)
         finally:
             if states is not None:
                 states.close()
-        n = [int(x) for x in lengths]
-        proof_bytes = [b""] * b
         if proofs:
             hidden = torch.stack(states.states, dim=1).cpu()  # (b, steps, H)
-            proof_bytes = build_proofs_many([hidden[i, : n[i]] for i in range(b)])
-        return [
-            Completion(tokens[i, : n[i]].tolist(), logps[i, : n[i]].tolist(), bool(done[i]), pb)
-            for i, pb in enumerate(proof_bytes)
-        ]
+            proofs = build_proofs_many([hidden[i, : len(c.tokens)] for i, c in enumerate(out)])
+            for c, pb in zip(out, proofs, strict=True):
+                c.proofs = pb
+        return out
 
     def prefill(self, prompts, completions, max_tokens: int = 16384, max_logits: int = 1 << 26):
         """All of `prefill_batches`, in input order (for callers that need every sample)."""
@@ -260,45 +207,3 @@ class HFBackend:
                 )
             del logits, hidden, states
             yield out
-
-
-VLLM_MISSING = (
-    "inference.backend = 'vllm' but vLLM is not installed: `make vllm` installs it "
-    "(see the README section 'vLLM backend')"
-)
-
-
-def resolve_backend(name: str) -> str:
-    """'hf' or 'vllm' for a configured name; 'auto' takes vLLM only where it is
-    installed and a CUDA GPU is present (on CPU its start-up and KV cache cost more
-    than they give a worker of the local swarm; choose it with 'vllm')."""
-    if name not in ("auto", "hf", "vllm"):
-        raise ValueError(f"unknown inference backend {name!r} (auto, hf or vllm)")
-    if name != "auto":
-        return name
-    import torch
-
-    from swarmrl.inference.vllm import vllm_available
-
-    return "vllm" if torch.cuda.is_available() and vllm_available() else "hf"
-
-
-def make_backend(cfg, threads: int = 1, name: str | None = None):
-    """The generation backend of a worker: the one place it is chosen."""
-    inf = cfg.inference
-    which = resolve_backend(name or inf.backend)
-    if which == "hf":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return HFBackend(dtype=cfg.model.dtype, device=device, max_batch=inf.max_batch)
-    from swarmrl.inference.vllm import VLLMBackend, vllm_available
-
-    if not vllm_available():
-        from swarmrl.config.base import ConfigError
-
-        raise ConfigError(VLLM_MISSING)  # the CLI prints it and exits 2
-    return VLLMBackend(
-        dtype=cfg.model.dtype, max_batch=inf.max_batch, kv_cache_gb=inf.kv_cache_gb,
-        threads=threads, gpu_memory=inf.gpu_memory,
-    )  # fmt: skip

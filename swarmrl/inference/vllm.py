@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.inference.hf import Completion
+from swarmrl.inference.generation import Completion
 from swarmrl.toploc.proof import build_proofs_many
 from swarmrl.toploc.sampling import gumbel_sample
 
@@ -216,7 +216,7 @@ def vllm_available() -> bool:
 
 
 class VLLMBackend:
-    """`GenerationBackend` on a vLLM engine (CPU build or CUDA), loaded once per process."""
+    """`Engine` (inference/engine.py) on vLLM (CPU build or CUDA), loaded once per process."""
 
     def __init__(
         self,

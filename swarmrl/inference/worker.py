@@ -47,7 +47,8 @@ from typing import Protocol
 
 from swarmrl.config import RunConfig
 from swarmrl.errors import EXIT_REFUSED, UserError
-from swarmrl.inference.hf import Completion, make_backend, resolve_backend
+from swarmrl.inference.engine import make_engine, resolve_engine
+from swarmrl.inference.generation import Completion
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.models.prompting import decode_completion
 from swarmrl.protocol.assign import Assignment
@@ -56,8 +57,7 @@ from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.prompts import AssignedPrompt, assigned_prompts
 from swarmrl.protocol.rollouts import write_rollouts
 from swarmrl.protocol.sampler import SamplerState
-from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.source import follow_weights
+from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.graders.registry import configure as configure_verifiers
 from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.length import length_penalty
@@ -398,19 +398,16 @@ def join_run(
     params = client.run_params()
     cfg = _node_config(params, home, client)
     configure_verifiers(cfg)
-    if cfg.shardcast.enabled:
-        weights = follow_weights(
-            cfg, home / "weights", params["servers"], params["trainer_key"], node[:12],
-            home / "weights_latency.jsonl", client=client,
-        )  # fmt: skip
-    else:  # one machine without SHARDCAST: the trainer's directory, named by the operator
-        weights = LocalWeights(cfg.paths.weights)
+    weights = open_weights_source(
+        cfg, node[:12], client=client, root=home / "weights", servers=params["servers"],
+        trusted_key=params["trainer_key"], latency_log=home / "weights_latency.jsonl",
+    )  # fmt: skip
     source = TaskSource(cfg.task, cfg.seed)
-    which = resolve_backend(backend or cfg.inference.backend)
+    which = resolve_engine(backend or cfg.inference.backend)
     if work is not None and which != "hf":  # a simulated worker edits the HF model
         log.info("--cheat %s: generating with the hf backend, not %s", work.name, which)
         which = "hf"
-    backend = make_backend(cfg, threads, which)
+    backend = make_engine(cfg, threads, which)
     work = work or HonestWork()
     log.info(
         "node %s (%s, %s backend) joining run %s at %s", node, work.name, which,

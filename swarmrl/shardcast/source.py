@@ -92,20 +92,33 @@ def trainer_public_key(cfg: RunConfig) -> str:
         ) from None
 
 
-def open_weights_source(cfg: RunConfig, node_name: str, keep: int | None = None, client=None):
+def open_weights_source(
+    cfg: RunConfig,
+    node_name: str,
+    keep: int | None = None,
+    client=None,
+    *,
+    root: Path | None = None,
+    servers: list[str] | None = None,
+    trusted_key: str | None = None,
+    latency_log: Path | None = None,
+):
     """The weights source of one node (worker or validator) of this run. A
     validator passes `keep`: it mirrors every version and keeps that many.
-    `client`: an OrchestratorClient; servers that send bad data are reported to it."""
-    paths = cfg.paths
+    `client`: an OrchestratorClient; servers that send bad data are reported to it.
+    Where SHARDCAST mirrors to (`root`, `latency_log`) and from (`servers`, signed
+    by `trusted_key`) default to the run directory and the config; a remote worker,
+    which has no run directory, passes its own folder and what the orchestrator
+    announced."""
     if not cfg.shardcast.enabled:
-        return LocalWeights(paths.weights)
+        return LocalWeights(cfg.paths.weights)
     return follow_weights(
         cfg,
-        paths.nodes / node_name / "weights",
-        cfg.shardcast.servers,
-        trainer_public_key(cfg),
+        cfg.paths.nodes / node_name / "weights" if root is None else root,
+        cfg.shardcast.servers if servers is None else servers,
+        trainer_public_key(cfg) if trusted_key is None else trusted_key,
         node_name,
-        paths.run / "weights_latency.jsonl",
+        cfg.paths.run / "weights_latency.jsonl" if latency_log is None else latency_log,
         keep=keep,
         client=client,
     )

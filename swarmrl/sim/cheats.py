@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 
 from swarmrl.inference import worker
-from swarmrl.inference.hf import Completion, HFBackend
+from swarmrl.inference.generation import Completion
+from swarmrl.inference.hf import HFBackend
 from swarmrl.models.prompting import encode_prompt
 from swarmrl.protocol.prompts import AssignedPrompt, assigned_prompts
 from swarmrl.protocol.rollouts import read_rollouts, write_rollouts

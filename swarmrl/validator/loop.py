@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from swarmrl.config import RunConfig
-from swarmrl.inference.hf import HFBackend
+from swarmrl.inference.engine import PrefillEngine, make_engine
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.assign import parse_rollout_key
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
@@ -62,7 +62,7 @@ def make_context(cfg: RunConfig, tokenizer, backend) -> Context:
 class Judge:
     """Judges files for one validator: the checks, the ledger and the loaded policy."""
 
-    def __init__(self, cfg: RunConfig, backend: HFBackend, weights, key):
+    def __init__(self, cfg: RunConfig, backend: PrefillEngine, weights, key):
         self.cfg = cfg
         self.backend = backend
         self.weights = weights
@@ -162,7 +162,7 @@ def run_validator(cfg: RunConfig, index: int) -> None:
     weights = open_weights_source(
         cfg, f"validator-{index}", keep=cfg.async_level + 2, client=client
     )
-    backend = HFBackend(dtype=cfg.model.dtype)
+    backend = make_engine(cfg, prefill=True)
     backend.load(Path(cfg.model.path))  # architecture and tokenizer ids; versions swap in
     judge = Judge(cfg, backend, weights, key)
     log.info("validator %d started", index)

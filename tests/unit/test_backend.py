@@ -82,20 +82,24 @@ def test_backend_is_chosen_in_one_place(monkeypatch):
     import pytest
 
     from swarmrl.config import ConfigError, load_config
-    from swarmrl.inference.hf import make_backend, resolve_backend
+    from swarmrl.inference.engine import make_engine, resolve_engine
     from swarmrl.inference.vllm_install import CPU_INDEX, InstallError, plan
 
     if not torch.cuda.is_available():
-        assert resolve_backend("auto") == "hf"
-    assert resolve_backend("hf") == "hf" and resolve_backend("vllm") == "vllm"
+        assert resolve_engine("auto") == "hf"
+    assert resolve_engine("hf") == "hf" and resolve_engine("vllm") == "vllm"
     with pytest.raises(ValueError, match="unknown inference backend"):
-        resolve_backend("sglang")
+        resolve_engine("sglang")
     cfg = load_config(None, ["inference.max_batch=7"])
-    be = make_backend(cfg, name="hf")
+    be = make_engine(cfg, name="hf")
     assert isinstance(be, HFBackend) and be.max_batch == 7
     monkeypatch.setattr("swarmrl.inference.vllm.vllm_available", lambda: False)
     with pytest.raises(ConfigError, match="make vllm"):
-        make_backend(cfg, name="vllm")
+        make_engine(cfg, name="vllm")
+    vllm_cfg = load_config(None, ["inference.backend=vllm"])
+    judge = make_engine(vllm_cfg, prefill=True)  # a validator's engine: the HF prefill
+    assert isinstance(judge, HFBackend) and judge.dtype == vllm_cfg.model.dtype
+    assert judge.device == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(InstallError, match=CPU_INDEX.replace(".", r"\.")):
         plan(cuda=False, torch_version="2.13.0")
     cpu = plan(cuda=False, torch_version="2.13.0+cpu")

@@ -10,6 +10,7 @@ import torch
 
 from swarmrl.apps import warm_start as ws
 from swarmrl.config import SamplingConfig, TaskConfig
+from swarmrl.inference.hf import HFBackend
 from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def test_a_sharp_transition_is_caught_inside_the_band(monkeypatch):
     assert res.restarts >= 1, "the fake transition should have been overshot at least once"
     assert res.in_band and band.center <= res.sampled_reward <= band.hi, res
     # the model kept is the one measured: measuring it again gives the recorded reward
-    assert abs(sharp(ws._backend_for(model)) - res.sampled_reward) < 1e-3
+    assert abs(sharp(HFBackend.around(model)) - res.sampled_reward) < 1e-3
     assert any(h["lr"] < 2e-3 for h in res.history)
 
 
@@ -52,7 +53,7 @@ def test_the_real_measurement_is_the_sampled_reward_at_the_run_temperature():
     the temperature (a random model: near 0 reward, but not the same number)."""
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden=32, layers=1, seed=3).eval()
-    backend = ws._backend_for(model)
+    backend = HFBackend.around(model)
     task = TaskConfig()
     a = ws.sampled_reward(backend, tok, task, SamplingConfig(max_new_tokens=8), 8, 2, seed=0)
     b = ws.sampled_reward(backend, tok, task, SamplingConfig(max_new_tokens=8), 8, 2, seed=0)

@@ -1,0 +1,101 @@
+"""The generation engine seam: what workers and validators ask of an engine, and
+the one place an engine and its device are chosen.
+
+Two engines implement it: `HFBackend` (inference/hf.py, transformers with
+swarmrl's own decoding loop) and `VLLMBackend` (inference/vllm.py, vLLM's
+engine with swarmrl's sampler). A worker needs `Engine` (load, generate); a
+validator needs `PrefillEngine`, which adds the prefill its checks replay
+(final-norm states and logits of every generated position, one forward per
+sample). Only the transformers engine has a prefill; `VLLMBackend` has none,
+so `make_engine(..., prefill=True)` gives `HFBackend` whatever
+`inference.backend` says: validators judge with transformers, workers may
+generate with either.
+
+Device: the transformers engine runs on the GPU when torch sees one (CUDA),
+else on the CPU, for workers and validators alike; vLLM picks its own device
+(its CUDA or CPU build).
+
+`auto` takes vLLM only where it is installed and a CUDA GPU is present: on a
+CPU its start-up and KV cache cost more than they give a worker of the local
+swarm (choose it there with `vllm`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+from swarmrl.config.base import ConfigError
+from swarmrl.inference.generation import Completion
+
+ENGINES = ("auto", "hf", "vllm")
+VLLM_MISSING = (
+    "inference.backend = 'vllm' but vLLM is not installed: `make vllm` installs it "
+    "(see the README section 'vLLM backend')"
+)
+
+
+class Engine(Protocol):
+    """A worker's engine: load a policy version (or swap it in), then sample."""
+
+    def load(self, path: Path) -> None: ...
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        proofs: bool = True,
+    ) -> list[Completion]: ...
+
+
+class PrefillEngine(Engine, Protocol):
+    """A validator's engine: also replays finished samples in one forward each."""
+
+    def prefill_batches(
+        self, prompts: list[list[int]], completions: list[list[int]], max_tokens: int = ...
+    ) -> Iterator[list[tuple]]:
+        """Per batch: (index, final-norm states (n, H), logits (n, V)) of each sample's
+        n generated positions."""
+
+
+def resolve_engine(name: str) -> str:
+    """'hf' or 'vllm' for a configured name ('auto', 'hf' or 'vllm')."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown inference backend {name!r} (auto, hf or vllm)")
+    if name != "auto":
+        return name
+    import torch
+
+    from swarmrl.inference.vllm import vllm_available
+
+    return "vllm" if torch.cuda.is_available() and vllm_available() else "hf"
+
+
+def engine_device() -> str:
+    """Where the transformers engine runs: the GPU when torch sees one, else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_engine(cfg, threads: int = 1, name: str | None = None, prefill: bool = False):
+    """The engine of a worker (`name` overrides `inference.backend`) or, with
+    `prefill`, of a validator: the one place an engine is chosen."""
+    inf = cfg.inference
+    which = "hf" if prefill else resolve_engine(name or inf.backend)
+    if which == "hf":
+        from swarmrl.inference.hf import HFBackend
+
+        return HFBackend(dtype=cfg.model.dtype, device=engine_device(), max_batch=inf.max_batch)
+    from swarmrl.inference.vllm import VLLMBackend, vllm_available
+
+    if not vllm_available():
+        raise ConfigError(VLLM_MISSING)  # the CLI prints it and exits 2
+    return VLLMBackend(
+        dtype=cfg.model.dtype, max_batch=inf.max_batch, kv_cache_gb=inf.kv_cache_gb,
+        threads=threads, gpu_memory=inf.gpu_memory,
+    )  # fmt: skip

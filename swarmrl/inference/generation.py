@@ -1,0 +1,114 @@
+"""What a generation returns, and the one decoding loop over a transformers model.
+
+`decode` is the token loop of every generator that runs a transformers model:
+the worker's `HFBackend` (seeded Gumbel-max, with TOPLOC proofs), `swarmrl
+eval` (greedy) and `swarmrl filter` (multinomial sampling, as transformers'
+`generate` samples). They differ only in how a token is chosen from the
+logits, which the caller passes as `choose`; the loop owns the rest:
+
+- Prompts are left-padded into one batch; position ids count the real tokens
+  (0 at the padding, which the attention mask hides); one forward over the
+  prompts, then one cached forward per new token (`DynamicCache`), keeping
+  only the last position's logits.
+- The one EOS rule: a row ends at the first token of `stop_ids` it draws; that
+  token is the row's last (`Completion.finished`), and the row is fed
+  `pad_id` from then on. A row that draws none stops at `max_new_tokens`.
+  The loop stops when every row has ended, so `choose` sees the whole batch
+  at every step (a stateful sampler draws the same random numbers whatever
+  finishes when).
+
+Hidden states are not the loop's business: `HFBackend` hooks the model's
+final norm around the call (inference/hf.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Completion:
+    tokens: list[int]
+    logprobs: list[float]
+    finished: bool  # ended on EOS (False: stopped at the length limit)
+    proofs: bytes = b""  # TOPLOC proofs of the generated positions (when asked for)
+
+
+# choose(logits (b, V) at the last position, step t) -> (tokens (b,), their log-probs (b,)):
+# tensors; the step counts from 0 at the first generated token.
+Choose = Callable[[Any, int], tuple[Any, Any]]
+
+
+def greedy(logits, step: int):
+    """The argmax token of each row (the first on a tie), with its log-prob under
+    softmax(logits)."""
+    import torch
+
+    scores = logits.to(dtype=torch.float32)
+    token = scores.argmax(dim=-1)
+    return token, torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+
+
+def decode(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    choose: Choose,
+    stop_ids: list[int],
+    pad_id: int,
+) -> list[Completion]:
+    """One completion per prompt, each token picked by `choose` (module docstring)."""
+    import torch
+    from transformers import DynamicCache
+
+    device = model.device
+    b = len(prompts)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        attn[i, width - len(p) :] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    stop = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    tokens = torch.empty((b, 0), dtype=torch.long, device=device)
+    logps = torch.empty((b, 0), dtype=torch.float32, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    lengths = torch.full((b,), max_new_tokens, dtype=torch.long, device=device)
+    cache = DynamicCache()
+    with torch.no_grad():
+        logits = model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        for t in range(max_new_tokens):
+            tok, lp = choose(logits, t)
+            tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+            tokens = torch.cat([tokens, tok[:, None]], dim=1)
+            logps = torch.cat([logps, lp[:, None].to(torch.float32)], dim=1)
+            newly = (~done) & torch.isin(tok, stop)
+            lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
+            done = done | newly
+            if bool(done.all()) or t == max_new_tokens - 1:
+                break
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            pos = pos[:, -1:] + 1
+            logits = model(
+                input_ids=tok[:, None],
+                attention_mask=attn,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+    n = [int(x) for x in lengths]
+    return [
+        Completion(tokens[i, : n[i]].tolist(), logps[i, : n[i]].tolist(), bool(done[i]))
+        for i in range(b)
+    ]
