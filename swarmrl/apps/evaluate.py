@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import time
 
-from swarmrl.config import TaskConfig
+from pydantic import ValidationError
+
+from swarmrl.config import ConfigError, TaskConfig
 
 
 def greedy_scores(
@@ -61,7 +63,11 @@ def eval_task(task_cfg: TaskConfig, name: str | None, digits: int | None) -> Tas
         task_cfg = task_cfg.model_copy(update={"name": name})
     if digits:
         task_cfg = task_cfg.model_copy(update={"digits": digits})
-    return type(task_cfg).model_validate(task_cfg.model_dump())
+    try:
+        return type(task_cfg).model_validate(task_cfg.model_dump())
+    except ValidationError as e:  # a bad --task or --digits: name it, no traceback
+        bad = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise ConfigError(f"eval: bad task settings: {bad}") from None
 
 
 def default_max_new_tokens(task_name: str, target_length: int) -> int:

@@ -16,7 +16,7 @@ run the nonce's record and the operation as one job on a small thread pool of
 their own (`call`): a commit waiting for the disk does not stall the event loop
 that reads other requests (the database lock still orders the transactions),
 and a request crosses threads once. The request metrics are a plain ASGI
-middleware. (Both measured: Starlette's `@app.middleware` wrapper and two
+middleware (orchestrator/asgi.py). (Both measured: Starlette's `@app.middleware` wrapper and two
 hops through AnyIO's thread pool per request were most of the orchestrator's
 CPU under load; bench/orchestrator_load.py.)
 """
@@ -27,16 +27,15 @@ import asyncio
 import hashlib
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from swarmrl.orchestrator import files, nodes, work
+from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
 from swarmrl.orchestrator.auth import (
     Caller,
     admit,
@@ -75,78 +74,6 @@ ERRORS = {
 }
 
 
-class BodyLimit:
-    """Refuse API bodies over `limit` bytes (413) without reading them; object
-    uploads are limited by their signed size instead."""
-
-    def __init__(self, app, limit: int):
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"].startswith("/objects/"):
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            return await _too_large(send, self.limit)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
-            msg = await receive()
-            seen += len(msg.get("body", b""))
-            if seen > self.limit:
-                raise ApiError(413, f"request body over {self.limit} bytes")
-            return msg
-
-        return await self.app(scope, limited, send)
-
-
-class Measure:
-    """Count requests by route and status and time them (Prometheus), as a plain
-    ASGI middleware: the route is known once the router has matched it."""
-
-    def __init__(self, app, requests, latency):
-        self.app = app
-        self.requests = requests
-        self.latency = latency
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        t0 = time.perf_counter()
-        status = 500
-
-        async def sending(msg):
-            nonlocal status
-            if msg["type"] == "http.response.start":
-                status = msg["status"]
-            await send(msg)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            route = scope.get("route")
-            name = route.path if route is not None else "other"
-            self.requests.labels(name, str(status)).inc()
-            self.latency.labels(name).observe(time.perf_counter() - t0)
-
-
-async def _too_large(send, limit: int) -> None:
-    body = b'{"detail":"request body over %d bytes"}' % limit
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", b"%d" % len(body)),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
 def public_params(svc: Service) -> dict:
     cfg = svc.cfg
     config = cfg.model_dump(mode="json", exclude={"orchestrator", "launcher"})
@@ -177,39 +104,6 @@ def public_params(svc: Service) -> dict:
         },
         "max_file_bytes": o.max_file_bytes,
     }
-
-
-class Metrics:
-    """The Prometheus registry of one app: request counts and latency (fed by
-    `Measure`), and node and file counts by state (read from the database
-    when /metrics is scraped)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "swarmrl_requests", "API requests", ["route", "status"], registry=self.registry
-        )
-        self.latency = Histogram(
-            "swarmrl_request_seconds", "API latency", ["route"], registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-        )  # fmt: skip
-        self.node_states = Gauge(
-            "swarmrl_nodes", "Nodes by state", ["state"], registry=self.registry
-        )
-        self.file_states = Gauge(
-            "swarmrl_files", "Rollout files by state", ["state"], registry=self.registry
-        )
-
-    def exposition(self, svc: Service) -> Response:
-        """The metrics in Prometheus' text format, with the state counts read now."""
-        with svc.db.tx() as cur:
-            ns = dict(cur.execute("SELECT state, COUNT(*) FROM nodes GROUP BY state").fetchall())
-            fs = dict(cur.execute("SELECT state, COUNT(*) FROM files GROUP BY state").fetchall())
-        for s in nodes.STATES:
-            self.node_states.labels(s).set(ns.get(s, 0))
-        for s in work.FILE_STATES:
-            self.file_states.labels(s).set(fs.get(s, 0))
-        return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4")
 
 
 class Signed:

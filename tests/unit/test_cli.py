@@ -61,3 +61,10 @@ def test_eval_reports_how_the_model_follows_a_budget(random_model_dir):
     assert all(0 <= k <= 40 for k in lengths)  # max new tokens: 2T
     assert out["samples"][0]["prompt"].endswith("Think for 20 tokens before giving a response.")
     assert b["hit_limit"] >= sum(k >= 40 for k in lengths) / 6
+
+
+def test_bad_eval_task_is_named():
+    for args, named in ((("--task", "bogus"), "name:"), (("--digits", "99"), "digits:")):
+        res = _run("eval", "--model", "unused", *args)
+        assert res.returncode == 2, res.stderr
+        assert named in res.stderr and "Traceback" not in res.stderr
