@@ -15,7 +15,11 @@ class LauncherConfig(Section):
         3, ge=0, le=1000, description="Restarts of a dead worker before the run fails."
     )
     worker_niceness: int = Field(
-        5, ge=0, le=19, description="nice(1) increment of worker processes (trainer gets priority)."
+        5,
+        ge=0,
+        le=19,
+        description="nice(1) increment meant for worker processes (trainer gets priority); "
+        "not applied yet: every process runs at the launcher's priority.",
     )
     progress_s: float = Field(1.0, gt=0.0, le=600.0, description="Progress refresh period.")
     eval_problems: int = Field(

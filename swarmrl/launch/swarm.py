@@ -22,8 +22,10 @@ Failure policy:
   `launcher.max_worker_restarts` times: losing a worker must not stop the
   swarm (its unfinished file is simply never uploaded; a relay comes back on
   the same port and workers fail over to other servers meanwhile);
-- workers run at a lower CPU priority (`launcher.worker_niceness`): the
-  trainer is the bottleneck of a swarm that shares one machine's cores;
+- `launcher.worker_niceness` is meant to run workers at a lower CPU priority
+  (the trainer is the bottleneck of a swarm that shares one machine's cores),
+  but it is not applied: every process runs at the launcher's priority (see
+  launch/supervisor.py);
 - Ctrl-C stops everything cleanly; `--resume` continues from the newest
   complete version.
 """
