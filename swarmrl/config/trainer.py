@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from swarmrl.config.base import Section
@@ -51,8 +53,54 @@ class TrainerConfig(Section):
     optimizer_steps: int = Field(
         1, ge=1, le=64, description="Optimizer steps per rollout batch (mini-batches)."
     )
-    epsilon: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip range ε.")
-    delta: float = Field(4.0, gt=1.0, le=1000.0, description="Two-sided clip bound δ on r.")
+    loss: Literal["grpo", "dapo", "dr_grpo", "gspo", "cispo"] = Field(
+        "grpo",
+        description="Policy loss (trainer/losses/): grpo (INTELLECT-2's two-sided clip, "
+        "constant normaliser), dapo (clip-higher, token mean), dr_grpo (no std scaling, "
+        "constant normaliser), gspo (sequence-level ratio), cispo (clipped detached ratio "
+        "weighting a REINFORCE term).",
+    )
+    advantage_scale: Literal["auto", "group", "batch", "none"] = Field(
+        "auto",
+        description="Advantages are rewards minus the group's mean, divided by the group's "
+        "std (group), the batch's std (batch) or nothing (none); auto: the loss's own "
+        "convention (none for dr_grpo, group for the others).",
+    )
+    epsilon: float = Field(
+        0.2, gt=0.0, lt=1.0, description="PPO clip range ε (ε_low of dapo)."
+    )
+    epsilon_high: float = Field(
+        0.28, gt=0.0, le=10.0, description="dapo: upper clip range ε_high (clip-higher)."
+    )
+    delta: float = Field(4.0, gt=1.0, le=1000.0, description="grpo: two-sided clip bound δ on r.")
+    gspo_epsilon_low: float = Field(
+        3e-4, gt=0.0, lt=1.0, description="gspo: lower clip range of the sequence ratio."
+    )
+    gspo_epsilon_high: float = Field(
+        4e-4, gt=0.0, le=10.0, description="gspo: upper clip range of the sequence ratio."
+    )
+    cispo_max_ratio: float = Field(
+        5.0, gt=1.0, le=1000.0, description="cispo: cap of the detached ratio π_θ/π_prox."
+    )
+    is_correction: Literal["none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mask"] = (
+        Field(
+            "token_tis",
+            description="Importance weight π_prox/π_behav against the sampling policy's "
+            "recorded log-probs (trainer/correction.py): none, truncated at is_cap per token "
+            "or sequence (token_tis, seq_tis), masked outside [is_low, is_high] per token or "
+            "sequence (token_mis, seq_mis), or sequences masked by the geometric mean of "
+            "their token weights (geo_mask).",
+        )
+    )
+    is_cap: float = Field(
+        2.0, ge=1.0, le=1e6, description="C: the largest importance weight (token_tis, seq_tis)."
+    )
+    is_low: float = Field(
+        0.5, ge=0.0, le=1.0, description="lo: smaller weights are masked (*_mis, geo_mask)."
+    )
+    is_high: float = Field(
+        2.0, ge=1.0, le=1e6, description="hi: larger weights are masked (*_mis, geo_mask)."
+    )
     entropy_coef: float = Field(0.0, ge=0.0, le=1.0, description="Entropy bonus weight.")
     kl_coef: float = Field(0.0, ge=0.0, le=10.0, description="KL-to-reference weight (k3).")
     grad_clip: float = Field(1.0, gt=0.0, le=1e6, description="Gradient-norm clip.")

@@ -168,6 +168,22 @@ class InflatedReward(Cheat):
         return rows
 
 
+class ForgedLogprobs(Cheat):
+    """Samples honestly and records every log-prob 3 nats lower than the truth: a
+    trainer that trusted them would weigh its tokens e^3 = 20x (π_prox/π_behav).
+    A validator finds log-probs that are not the policy's; unvalidated, the
+    trainer's importance correction bounds or masks the weight, and its mismatch
+    singles the node out."""
+
+    name = "forged-logprobs"
+    shift = 3.0
+
+    def tamper(self, cfg, tokenizer, backend, plan, rows):
+        for r in rows:
+            r["completion_logprobs"] = [x - self.shift for x in r["completion_logprobs"]]
+        return rows
+
+
 class WrongSeed(Cheat):
     name = "wrong-seed"
 
@@ -237,6 +253,7 @@ CHEATS = {
         AlteredPrompt,
         CheapTokens,
         InflatedReward,
+        ForgedLogprobs,
         WrongSeed,
         Truncate,
         WrongPrompts,

@@ -125,14 +125,30 @@ def nucleus_mask(scaled: torch.Tensor, top_p: float, slack: float = 0.0) -> torc
 def gumbel_sample(
     logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, temperature: float, top_p
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens and their log-probs under softmax(logits / T) for a batch of rows."""
+    """Tokens and their log-probs under the distribution sampled (`sampling_logprobs`)
+    for a batch of rows."""
     scaled = logits.float() / temperature
     scores = scaled + gumbel_noise(seeds, positions, scaled.shape[-1])
     if top_p < 1.0:
         scores = scores.masked_fill(~nucleus_mask(scaled, top_p), float("-inf"))
     token = scores.argmax(dim=-1)
-    logp = torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
-    return token, logp
+    return token, sampling_logprobs(logits, token, temperature, top_p)
+
+
+def sampling_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float
+) -> torch.Tensor:
+    """log p(token) under softmax(logits / T) renormalised over the nucleus of top_p (the
+    whole vocabulary at top_p = 1): the probability with which the token was drawn.
+    Rows (n, V) and tokens (n,). The token itself always counts as in the nucleus (it
+    was drawn from it; a validator's rounding may put it just outside). The worker
+    records this, the validator recomputes it, and the trainer's log-probs are the same
+    function (trainer/step.py)."""
+    scaled = logits.float() / temperature
+    if top_p < 1.0:
+        outside = (~nucleus_mask(scaled, top_p)).scatter_(-1, tokens[:, None], False)
+        scaled = scaled.masked_fill(outside, float("-inf"))
+    return torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
 
 
 @dataclass(frozen=True)

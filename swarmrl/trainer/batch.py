@@ -41,13 +41,20 @@ from swarmrl.protocol.assign import parse_rollout_key
 from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts, sha256
 from swarmrl.protocol.verdict import read_verdict
 from swarmrl.tasks.curriculum import GroupOutcome
-from swarmrl.trainer.advantages import group_advantages, has_signal
+from swarmrl.trainer.advantages import centred_rewards, has_signal
 
 log = logging.getLogger("swarmrl.trainer")
 
 
 @dataclass
 class Sample:
+    """One completion to train on. `advantage` is the reward minus its group's mean until
+    `scale_advantages` (trainer/advantages.py) divides it by the chosen std.
+    `behav_logprobs`: the log-prob of each completion token under the distribution the
+    worker sampled from (None: unknown, no importance weight); `temperature` that
+    distribution's; `node`, `file`, `checked`: where it came from, and whether a
+    validator checked that file."""
+
     prompt_tokens: list[int]
     completion_tokens: list[int]
     advantage: float
@@ -55,6 +62,12 @@ class Sample:
     task_reward: float
     length_penalty: float
     policy_step: int
+    behav_logprobs: list[float] | None = None
+    temperature: float = 1.0
+    group_std: float = 1.0
+    node: str = ""
+    file: str = ""
+    checked: bool = True
 
 
 @dataclass
@@ -244,6 +257,8 @@ class BatchCollector:
             if not has_signal(rewards):
                 batch.dropped_groups += 1
                 continue
+            centred, std = centred_rewards(rewards)
+            checked = f.verdict is not None
             group = [
                 Sample(
                     prompt_tokens=r["prompt_tokens"],
@@ -253,8 +268,14 @@ class BatchCollector:
                     task_reward=r["task_reward"],
                     length_penalty=r["length_penalty"],
                     policy_step=r["policy_step"],
+                    behav_logprobs=r["completion_logprobs"],
+                    temperature=r["temperature"],
+                    group_std=std,
+                    node=info["node"],
+                    file=f.key,
+                    checked=checked,
                 )
-                for r, adv in zip(group_rows, group_advantages(rewards), strict=True)
+                for r, adv in zip(group_rows, centred, strict=True)
             ]
             self._add(batch, group, need_groups)
 

@@ -49,9 +49,12 @@ from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.origin import Origin, Publisher
 from swarmrl.tasks.curriculum import run_curriculum
 from swarmrl.tasks.sources.task_source import TaskSource
+from swarmrl.trainer.advantages import scale_advantages
 from swarmrl.trainer.batch import BatchCollector, OrchestratorQueue, Sample
+from swarmrl.trainer.correction import mismatch_by_node, mismatch_metrics
 from swarmrl.trainer.diloco import PolicySync, sync_row
 from swarmrl.trainer.fsdp import init_distributed
+from swarmrl.trainer.losses import advantage_scale
 from swarmrl.trainer.ranks import Policy, follow, optimizer_dir
 
 log = logging.getLogger("swarmrl.trainer")
@@ -213,8 +216,10 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
         curriculum.observe(step, batch.outcomes)
         _open_step(client, curriculum, step + 1)
         t0 = time.time()
+        scale_advantages(batch.samples, advantage_scale(cfg.trainer))
         stats = policy.step(step, batch.samples)
         train_s = time.time() - t0
+        _report_mismatch(client, step, batch.samples, stats)
         synced = sync.sync(step, True) if sync and sync.due(step) else None
         snapshot = policy.snapshot()
         row = _metrics_row(
@@ -358,6 +363,7 @@ def _metrics_row(cfg: RunConfig, step: int, level: int, next_level: int, batch, 
         "clip_fraction": stats.clip_fraction,
         "entropy": stats.entropy,
         "kl": stats.kl,
+        **mismatch_metrics(batch.samples, stats.mismatch, step),
         "staleness": sum(step - s.policy_step for s in batch.samples) / n,
         "samples": n,
         "groups": batch.groups,
@@ -380,6 +386,13 @@ def _metrics_row(cfg: RunConfig, step: int, level: int, next_level: int, batch, 
         "train_s": train_s,
         "elapsed_s": time.time() - t_start,
     }
+
+
+def _report_mismatch(client: OrchestratorClient, step: int, samples, stats) -> None:
+    """Per-node mismatch to the orchestrator, which sends an outlier to a validator."""
+    nodes = mismatch_by_node(samples, stats.mismatch)
+    if nodes:
+        client.call("POST", "/v1/trainer/mismatch", {"step": step, "nodes": nodes})
 
 
 def _log_step(row: dict) -> None:

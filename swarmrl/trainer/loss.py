@@ -1,17 +1,13 @@
-"""GRPO loss with two-sided clipping (INTELLECT-2).
+"""A step's loss: the chosen policy loss (trainer/losses/), optional entropy bonus and
+KL penalty, divided by the loss's normaliser.
 
-Per completion token, with r = exp(logp − old_logp) against log-probs the
-trainer recomputed at the start of the step, and advantage A:
+    loss = ( policy_sum − c_H · Σ_t H_t + c_KL · Σ_t k3_t ) / N
 
-    ρ = min(r, δ)
-    loss_t = max(−ρ·A, −clip(ρ, 1−ε, 1+ε)·A)
-
-The plain PPO objective is unbounded for A < 0 as r grows; capping r at δ
-bounds it by δ·|A| and, because min(r, δ) is constant above δ, gives no
-gradient there. Token losses are summed and divided by a constant token
-budget (not by the batch's token count), so long and short completions weigh
-per token, not per sample. An entropy bonus and a k3 KL estimate to a
-reference policy are optional.
+where policy_sum is what `trainer.loss` returns for the micro-batch (importance
+weights already applied), H_t the entropy of the sampling distribution at token
+t, k3_t = exp(ref − logp) − (ref − logp) − 1 ≥ 0 an estimate of KL(π_θ ‖ π_ref),
+and N the mini-batch's normaliser (a constant budget, its tokens or its
+samples: trainer/losses/__init__.py). Sums run over real tokens only.
 """
 
 from __future__ import annotations
@@ -19,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from swarmrl.trainer import losses
 
 
 @dataclass
@@ -30,56 +28,35 @@ class LossOut:
     kl_sum: float
 
 
-def grpo_token_loss(
+def step_loss(
     logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon: float,
-    delta: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token loss and a mask of tokens where clipping removed the gradient."""
-    ratio = torch.exp(logp - old_logp)
-    rho = torch.clamp(ratio, max=delta)
-    unclipped = -rho * advantages
-    clipped = -torch.clamp(rho, 1.0 - epsilon, 1.0 + epsilon) * advantages
-    loss = torch.maximum(unclipped, clipped)
-    no_grad = (clipped > unclipped) | (ratio > delta)
-    return loss, no_grad
-
-
-def grpo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
+    prox: torch.Tensor,
+    adv: torch.Tensor,
     mask: torch.Tensor,
-    token_budget: float,
-    epsilon: float = 0.2,
-    delta: float = 4.0,
+    weight: torch.Tensor,
+    normaliser: float,
+    cfg,
     entropy: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
 ) -> LossOut:
-    """All tensors are [batch, tokens]; `advantages` is broadcast per sample as [batch, 1]."""
+    """All tensors are [batch, tokens] (`adv` is [batch, 1]); `cfg` a TrainerConfig."""
     mask = mask.to(logp.dtype)
-    token_loss, no_grad = grpo_token_loss(logp, old_logp, advantages, epsilon, delta)
-    total = (token_loss * mask).sum()
+    total, no_grad = losses.get(cfg.loss).loss(logp, prox.detach(), adv, mask, weight, cfg)
     ent_sum = 0.0
     if entropy is not None:
         ent = (entropy * mask).sum()
         ent_sum = float(ent.detach())
-        if entropy_coef > 0:
-            total = total - entropy_coef * ent
+        if cfg.entropy_coef > 0:
+            total = total - cfg.entropy_coef * ent
     kl_sum = 0.0
     if ref_logp is not None:
-        # k3 estimator of KL(π || π_ref): exp(ref − logp) − (ref − logp) − 1 ≥ 0
         d = ref_logp - logp
         kl = ((torch.exp(d) - d - 1.0) * mask).sum()
         kl_sum = float(kl.detach())
-        if kl_coef > 0:
-            total = total + kl_coef * kl
+        if cfg.kl_coef > 0:
+            total = total + cfg.kl_coef * kl
     return LossOut(
-        loss=total / token_budget,
+        loss=total / normaliser,
         clipped_tokens=float((no_grad.to(mask.dtype) * mask).sum()),
         tokens=float(mask.sum()),
         entropy_sum=ent_sum,

@@ -119,6 +119,7 @@ class Policy:
             self.pad_id,
             self.rank,
             self.world,
+            self.cfg.sampling.top_p,
         )
 
     def snapshot(self) -> dict | None:

@@ -1,15 +1,22 @@
-"""One GRPO update on a collected batch.
+"""One policy-gradient update on a collected batch.
 
-1. Old log-probs are recomputed with the current weights (the policy before
-   this step's update), in micro-batches, without gradient. With one
-   optimizer step per batch they equal the detached log-probs of the gradient
-   pass (r = 1 exactly), so that extra forward pass is skipped.
-2. The batch is split into `optimizer_steps` mini-batches; each is one
-   optimizer step, accumulated over micro-batches, with the loss divided by
-   the constant token budget (per mini-batch: budget / optimizer_steps).
-3. Gradients are clipped by global norm.
-Sequences are right-padded; the logits at positions len(prompt)−1 …
-len(prompt)+len(completion)−2 score the completion tokens. With
+1. π_prox, the log-probs of the policy at the start of the step, are recomputed
+   in micro-batches without gradient. With one optimizer step per batch they
+   equal the detached log-probs of the gradient pass, so that extra forward pass
+   is skipped.
+2. Every token gets an importance weight π_prox/π_behav against the log-probs
+   the worker recorded (trainer/correction.py), and the step measures the
+   mismatch between the two.
+3. The batch is split into `optimizer_steps` mini-batches; each is one optimizer
+   step, accumulated over micro-batches, with the loss of `trainer.loss`
+   (trainer/losses/) divided by the loss's normaliser for the mini-batch.
+4. Gradients are clipped by global norm.
+
+Log-probs are those of the distribution the worker sampled from: softmax of
+logits / T at the sample's temperature, renormalised over the nucleus when
+`sampling.top_p` < 1 (toploc/sampling.py computes the same function), and so
+is the entropy metric. Sequences are right-padded; the logits at positions
+len(prompt)−1 … len(prompt)+len(completion)−2 score the completion tokens. With
 `trainer.share_prompts` (the default), the samples of a micro-batch that share
 a prompt (a GRPO group) run it once and their completions on its cached keys
 and values (`_shared_prompt_logits`).
@@ -22,8 +29,11 @@ from dataclasses import dataclass
 import torch
 
 from swarmrl.config import TrainerConfig
+from swarmrl.toploc.sampling import nucleus_mask
+from swarmrl.trainer import losses
 from swarmrl.trainer.batch import Sample
-from swarmrl.trainer.loss import grpo_loss
+from swarmrl.trainer.correction import Correction, Mismatch, importance_weights
+from swarmrl.trainer.loss import step_loss
 
 
 @dataclass
@@ -34,6 +44,7 @@ class StepStats:
     entropy: float
     kl: float
     tokens: int
+    mismatch: Mismatch | None = None  # per sample of the batch, summed over its tokens
 
 
 def _pack(samples: list[Sample], pad_id: int):
@@ -64,11 +75,14 @@ def token_logprobs(
     with_entropy: bool = False,
     share: bool = True,
     steady: bool = False,
+    top_p: float = 1.0,
 ):
     """Log-probs [B, T] of each sample's completion tokens (and their entropies), with
-    the mask of real tokens. With `share`, each distinct prompt runs once (below).
-    `steady`: take the same path whatever the batch holds (a sharded model's forward
-    passes are collectives, so every rank must make as many)."""
+    the mask of real tokens, under the distribution it was sampled from: logits
+    divided by the sample's temperature, renormalised over the nucleus of `top_p`.
+    With `share`, each distinct prompt runs once (below). `steady`: take the same
+    path whatever the batch holds (a sharded model's forward passes are collectives,
+    so every rank must make as many)."""
     ids, attn, gather, targets, mask = _pack(samples, pad_id)
     shared = steady or len({tuple(s.prompt_tokens) for s in samples}) < len(samples)
     if share and shared and can_share_prompts(model):
@@ -77,9 +91,18 @@ def token_logprobs(
         logits = model(input_ids=ids, attention_mask=attn).logits
         idx = gather[:, :, None].expand(-1, -1, logits.shape[-1])
         picked = torch.gather(logits, 1, idx)  # [B, T, V] at completion positions
-    logp_all = torch.log_softmax(picked.float(), dim=-1)
-    logp = logp_all.gather(-1, targets[:, :, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    temperature = torch.tensor([float(s.temperature) for s in samples], device=picked.device)
+    scaled = picked.float() / temperature[:, None, None]
+    if top_p < 1.0:
+        with torch.no_grad():  # the sampled token is in, whatever rounding says
+            outside = (~nucleus_mask(scaled, top_p)).scatter_(-1, targets[:, :, None], False)
+        scaled = scaled.masked_fill(outside, float("-inf"))
+    logp_all = torch.log_softmax(scaled, dim=-1)
+    logp = torch.where(mask, logp_all.gather(-1, targets[:, :, None]).squeeze(-1), 0.0)
+    entropy = None
+    if with_entropy:
+        p = logp_all.exp()
+        entropy = -(p * torch.where(p > 0, logp_all, 0.0)).sum(-1)
     return logp, entropy, mask
 
 
@@ -159,15 +182,17 @@ def grpo_update(
     pad_id: int,
     rank: int = 0,
     world: int = 1,
+    top_p: float = 1.0,
 ) -> StepStats:
     """One update; with `world` > 1, this rank's share of it (trainer/fsdp.py).
 
     Rank r takes the r-th of `world` consecutive parts of every mini-batch (groups
-    stay together for the shared-prompt forward). The loss is a sum
-    over tokens divided by a constant, so the ranks' gradients add up to the
-    one-rank gradient (FSDP2 sums them: its divide factor is set to 1). Every rank
-    runs the same number of forward passes, padding with a zero-weight micro-batch
-    where its share is shorter, because each sharded forward is a collective.
+    stay together for the shared-prompt forward). The loss is a sum over tokens
+    divided by a normaliser known for the whole mini-batch, so the ranks' gradients
+    add up to the one-rank gradient (FSDP2 sums them: its divide factor is set to
+    1). Every rank runs the same number of forward passes, padding with a
+    zero-weight micro-batch where its share is shorter, because each sharded
+    forward is a collective.
     """
     micro = cfg.micro_batch
     n_mini = min(cfg.optimizer_steps, len(samples))
@@ -179,22 +204,29 @@ def grpo_update(
         mini[rank * _ceil(len(mini), world) :][: _ceil(len(mini), world)] for mini in minis_all
     ]
     micros = [_ceil(_ceil(len(mini), world), micro) for mini in minis_all]  # same on every rank
+    norms_of = [_normaliser(cfg, [samples[i] for i in mini], token_budget / n_mini)
+                for mini in minis_all]  # fmt: skip
     mine = [i for mini in minis for i in mini]  # this rank's samples, in order
     where = {i: k for k, i in enumerate(mine)}
     n_chunks = _ceil(_ceil(len(samples), world) + n_mini, micro)  # no rank has more
     share, steady = cfg.share_prompts, world > 1
+    correction = Correction.of(cfg)
+    mismatch = Mismatch.zeros(len(samples))
     model.eval()  # no dropout in these models; eval keeps old/new log-probs comparable
+
+    def logprobs(m, mb, with_entropy=False):
+        return token_logprobs(m, mb, pad_id, with_entropy, share, steady, top_p)
 
     def per_chunk(m) -> list[torch.Tensor] | None:
         chunks = _chunks([samples[i] for i in mine], micro)
-        out = [token_logprobs(m, mb, pad_id, share=share, steady=steady)[0] for mb in chunks]
+        out = [logprobs(m, mb)[0] for mb in chunks]
         for _ in range(len(chunks), n_chunks if steady else 0):  # keep collectives in step
-            token_logprobs(m, samples[:1], pad_id, share=share, steady=steady)
+            logprobs(m, samples[:1])
         return out
 
     with torch.no_grad():
-        # one optimizer step: the gradient pass's own detached log-probs
-        old = per_chunk(model) if n_mini > 1 else None
+        # one optimizer step: the gradient pass's own detached log-probs are π_prox
+        prox_all = per_chunk(model) if n_mini > 1 else None
         ref = per_chunk(ref_model) if ref_model is not None else None
     loss_sum = clipped = tokens = ent = kl = 0.0
     norms = []
@@ -207,26 +239,23 @@ def grpo_update(
             idx = idx or [mine[0] if mine else 0]
             mb = [samples[i] for i in idx]
             pos = [where.get(i, 0) for i in idx]
-            # old/ref log-probs were computed per micro-batch of this rank's samples
+            # prox/ref log-probs were computed per micro-batch of this rank's samples
             ref_mb = _select(ref, pos, micro) if ref is not None and weight else None
-            logp, entropy, mask = token_logprobs(
-                model, mb, pad_id, with_entropy=True, share=share, steady=steady
-            )
-            old_mb = logp.detach() if old is None or not weight else _select(old, pos, micro)
+            logp, entropy, mask = logprobs(model, mb, with_entropy=True)
+            width = logp.shape[1]
+            if prox_all is None or not weight:
+                prox = logp.detach()
+            else:
+                prox = _select(prox_all, pos, micro)[:, :width]
+            behav = _behav(mb, width, prox)
+            is_w, excluded = importance_weights(prox, behav, mask, correction)
+            if weight:
+                mismatch.add(idx, prox, behav, mask, excluded)
             adv = torch.tensor([s.advantage for s in mb], dtype=logp.dtype)[:, None]
-            out = grpo_loss(
-                logp,
-                old_mb[:, : logp.shape[1]],
-                adv,
-                mask,
-                token_budget / n_mini,
-                epsilon=cfg.epsilon,
-                delta=cfg.delta,
-                entropy=entropy,
-                entropy_coef=cfg.entropy_coef,
-                ref_logp=None if ref_mb is None else ref_mb[:, : logp.shape[1]],
-                kl_coef=cfg.kl_coef,
-            )
+            out = step_loss(
+                logp, prox, adv, mask, is_w, norms_of[m], cfg, entropy,
+                None if ref_mb is None else ref_mb[:, :width],
+            )  # fmt: skip
             (out.loss * weight).backward()
             if weight:
                 loss_sum += float(out.loss.detach())
@@ -237,7 +266,9 @@ def grpo_update(
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
         optimizer.step()
     if world > 1:
-        loss_sum, clipped, tokens, ent, kl = _sum_over_ranks([loss_sum, clipped, tokens, ent, kl])
+        sums = _sum_over_ranks([loss_sum, clipped, tokens, ent, kl, *mismatch.flat()])
+        loss_sum, clipped, tokens, ent, kl = sums[:5]
+        mismatch = Mismatch.unflat(sums[5:])
     return StepStats(
         loss=loss_sum,
         grad_norm=sum(norms) / len(norms),
@@ -245,7 +276,29 @@ def grpo_update(
         entropy=ent / max(tokens, 1.0),
         kl=kl / max(tokens, 1.0),
         tokens=int(tokens),
+        mismatch=mismatch,
     )
+
+
+def _normaliser(cfg: TrainerConfig, mini: list[Sample], budget: float) -> float:
+    """The divisor of a mini-batch's summed loss (trainer/losses/__init__.py)."""
+    kind = losses.get(cfg.loss).NORMALISER
+    if kind == "budget":
+        return budget
+    if kind == "tokens":
+        return float(max(sum(len(s.completion_tokens) for s in mini), 1))
+    return float(max(len(mini), 1))
+
+
+def _behav(mb: list[Sample], width: int, prox: torch.Tensor) -> torch.Tensor:
+    """The recorded sampling log-probs [B, width]; where a sample has none, π_prox
+    itself (weight 1, no mismatch)."""
+    out = prox.detach().clone()
+    for i, s in enumerate(mb):
+        if s.behav_logprobs is not None:
+            n = len(s.behav_logprobs)
+            out[i, :n] = torch.tensor(s.behav_logprobs, dtype=out.dtype)
+    return out
 
 
 def _sum_over_ranks(values: list[float]) -> list[float]:

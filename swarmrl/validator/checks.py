@@ -50,7 +50,7 @@ from swarmrl.protocol.seeds import derive_seed
 from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.length import length_penalty
 from swarmrl.toploc.proof import Thresholds, check_proofs_many, decode, split_proofs
-from swarmrl.toploc.sampling import check_sampling
+from swarmrl.toploc.sampling import check_sampling, sampling_logprobs
 
 REWARD_TOLERANCE = 1e-4  # float32 storage of the rewards
 
@@ -267,10 +267,8 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
             )
             r = rows[j]
             tokens = torch.tensor(r["completion_tokens"])
-            own = torch.log_softmax(logits / s.temperature, -1)
-            err = (
-                own.gather(-1, tokens[:, None]).squeeze(-1) - torch.tensor(r["completion_logprobs"])
-            ).abs()
+            own = sampling_logprobs(logits, tokens, s.temperature, s.top_p)
+            err = (own - torch.tensor(r["completion_logprobs"])).abs()
             per_sample[j] = float(err.mean())
             lp_sum, lp_count = lp_sum + float(err.sum()), lp_count + len(err)
             res = check_sampling(

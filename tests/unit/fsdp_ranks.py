@@ -9,6 +9,7 @@ gathered weights (rank 0).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def main() -> None:
         grpo_update(model, None, opt, samples[::-1], cfg, budget, 0, rank, world)
         after = full_state_dict(model)
     if rank == 0:
-        out = {"stats": stats.__dict__, "weights": weights}
+        out = {"stats": dataclasses.asdict(stats), "weights": weights}
         if len(sys.argv) > 3:
             out["after_second"] = after
         torch.save(out, sys.argv[1])

@@ -52,6 +52,7 @@ def test_two_gloo_ranks_match_one_rank(tmp_path, forward):
 
     s1, s2 = one.__dict__, two["stats"]
     assert s2["tokens"] == s1["tokens"]
+    assert s2["mismatch"]["tokens"] == one.mismatch.tokens  # per sample, summed over ranks
     for k in ("loss", "grad_norm", "entropy", "clip_fraction"):
         assert abs(s2[k] - s1[k]) <= 1e-5 * max(1.0, abs(s1[k])), (k, s1[k], s2[k])
     mine = model.state_dict()

@@ -69,6 +69,7 @@ CHEATS = {
     "altered-prompt": {"proof"},
     "cheap-tokens": {"sampling"},
     "inflated-reward": {"reward"},
+    "forged-logprobs": {"sampling"},  # its log-probs are not the policy's
     "wrong-seed": {"sampling"},
     "truncate": {"termination"},
     "wrong-prompts": {"assignment"},

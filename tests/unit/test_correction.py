@@ -1,0 +1,110 @@
+"""Importance weights π_prox/π_behav and the mismatch figures, on hand-computed tensors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from swarmrl.trainer.batch import Sample
+from swarmrl.trainer.correction import (
+    Correction,
+    Mismatch,
+    importance_weights,
+    mismatch_by_node,
+    mismatch_metrics,
+)
+
+# two samples: log π_prox − log π_behav per token; the second has a padding token
+X = torch.tensor([[math.log(3.0), math.log(0.25), 0.0], [math.log(1.5), math.log(1.2), 9.0]])
+MASK = torch.tensor([[True, True, True], [True, True, False]])
+BEHAV = torch.log(torch.tensor([[0.1, 0.4, 0.5], [0.2, 0.5, 0.01]]))
+PROX = BEHAV + X
+
+
+def _w(mode: str, **kw):
+    w, ex = importance_weights(PROX, BEHAV, MASK, Correction(mode, **kw))
+    return w.flatten().tolist(), ex.tolist()
+
+
+def _approx(rows):
+    return pytest.approx([x for row in rows for x in row])
+
+
+def test_none_is_one_at_every_real_token():
+    assert _w("none") == ([1, 1, 1, 1, 1, 0], [[False] * 3, [False] * 3])
+
+
+def test_token_tis_truncates_at_c():
+    w, ex = _w("token_tis", cap=2.0)
+    assert w == _approx([[2.0, 0.25, 1.0], [1.5, 1.2, 0.0]])
+    assert ex == [[True, False, False], [False, False, False]]
+
+
+def test_token_mis_masks_outside_the_band():
+    w, ex = _w("token_mis", low=0.5, high=2.0)
+    assert w == _approx([[0.0, 0.0, 1.0], [1.5, 1.2, 0.0]])
+    assert ex == [[True, True, False], [False, False, False]]
+
+
+def test_seq_tis_and_seq_mis_use_the_product_of_the_real_tokens():
+    # products: 3 · 0.25 · 1 = 0.75; 1.5 · 1.2 = 1.8 (the padding's e^9 is not counted)
+    w, ex = _w("seq_tis", cap=1.5)
+    assert w == _approx([[0.75] * 3, [1.5, 1.5, 0.0]])
+    assert ex == [[False] * 3, [True, True, False]]
+    w, ex = _w("seq_mis", low=0.8, high=2.0)
+    assert w == _approx([[0.0] * 3, [1.8, 1.8, 0.0]])
+    assert ex == [[True] * 3, [False] * 3]
+
+
+def test_geo_mask_keeps_or_drops_whole_sequences_at_weight_one():
+    # geometric means: 0.75^(1/3) = 0.909; 1.8^(1/2) = 1.342
+    w, ex = _w("geo_mask", low=0.95, high=1.5)
+    assert w == _approx([[0.0] * 3, [1.0, 1.0, 0.0]])
+    assert ex == [[True] * 3, [False] * 3]
+
+
+def test_a_forged_low_logprob_weighs_at_most_c_or_nothing():
+    behav = torch.full((1, 4), -30.0)  # claims the sampled tokens were nearly impossible
+    prox = torch.full((1, 4), -1.0)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    for mode in ("token_tis", "seq_tis"):
+        w, _ = importance_weights(prox, behav, mask, Correction(mode, cap=2.0))
+        assert w.max().item() == 2.0
+    for mode in ("token_mis", "seq_mis", "geo_mask"):
+        w, _ = importance_weights(prox, behav, mask, Correction(mode))
+        assert w.max().item() == 0.0
+
+
+def _samples():
+    def s(policy, node, checked, file):
+        return Sample([1], [2, 3, 4], 0.0, 0, 0, 0, policy, node=node, checked=checked, file=file)
+
+    return [s(10, "aa", True, "f1"), s(8, "bb", False, "f2")]
+
+
+def test_mismatch_metrics_by_staleness_and_by_node():
+    m = Mismatch.zeros(2)
+    _, ex = importance_weights(PROX, BEHAV, MASK, Correction("token_tis", cap=2.0))
+    m.add([0, 1], PROX, BEHAV, MASK, ex)
+    k3 = [[math.exp(x) - 1 - x for x in row] for row in X.tolist()]
+    kl0, kl1 = sum(k3[0]), sum(k3[1][:2])
+    assert m.kl == pytest.approx([kl0, kl1])
+    assert m.tokens == [3.0, 2.0] and m.excluded == [1.0, 0.0]
+    got = mismatch_metrics(_samples(), m, step=10)
+    xs = [x for row, n in zip(X.tolist(), (3, 2), strict=True) for x in row[:n]]
+    mean = sum(xs) / 5
+    assert got["mismatch_kl"] == pytest.approx((kl0 + kl1) / 5)
+    assert got["is_excluded_fraction"] == pytest.approx(0.2)
+    assert got["log_ratio_std"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in xs) / 5))
+    assert got["mismatch_kl_staleness_0"] == pytest.approx(kl0 / 3)
+    assert got["mismatch_kl_staleness_2"] == pytest.approx(kl1 / 2)
+    nodes = mismatch_by_node(_samples(), m)
+    assert nodes == [
+        {"node": "aa", "checked": True, "tokens": 3, "kl": pytest.approx(kl0 / 3),
+         "truncated": pytest.approx(1 / 3), "files": 1},
+        {"node": "bb", "checked": False, "tokens": 2, "kl": pytest.approx(kl1 / 2),
+         "truncated": 0.0, "files": 1},
+    ]  # fmt: skip
+    assert Mismatch.unflat(m.flat()) == m
