@@ -168,11 +168,12 @@ def record(svc: Service, step: int, figures: list[dict]) -> dict:
             return {"flagged": []}
         window = window_figures(cur, step, v.mismatch_window)
         reference = reference_kl(window)
+        first = max(0, step - v.mismatch_window + 1)
         for m in outliers(window, v.mismatch_factor, v.mismatch_floor, v.mismatch_min_tokens):
             detail = (
                 f"unchecked mismatch KL {m.unchecked_kl:.4g} over {m.unchecked_tokens} tokens"
                 f" > {v.mismatch_factor:g} x max(reference {reference:.4g},"
-                f" floor {v.mismatch_floor:g}) in steps {step - v.mismatch_window + 1}..{step}"
+                f" floor {v.mismatch_floor:g}) in steps {first}..{step}"
             )
             new = cur.execute(
                 "INSERT INTO suspects VALUES (?, ?, ?, ?) ON CONFLICT (node) DO NOTHING"

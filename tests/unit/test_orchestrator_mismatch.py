@@ -11,6 +11,7 @@ import pytest
 
 from swarmrl.orchestrator.mismatch import NodeMismatch, outliers, reference_kl
 from swarmrl.protocol.identity import public_key_hex
+from swarmrl.protocol.status import ledger_table
 from tests.unit.orch_util import Orch, new_pg_database, postgres_url  # noqa: F401
 
 ROUTE = "/v1/trainer/mismatch"
@@ -129,7 +130,7 @@ def test_a_list_over_the_schema_limit_is_refused(orch):
     assert o.call(o.trainer, "POST", ROUTE, huge).status_code == 422
 
 
-def test_an_outlier_on_unchecked_files_becomes_suspect_and_is_validated(orch):
+def test_an_outlier_on_unchecked_files_becomes_suspect_and_is_validated(orch, caplog):
     o = orch(*SPOT)
     honest, cheat = o.worker("honest"), o.worker("cheat")
     h, c = public_key_hex(honest), public_key_hex(cheat)
@@ -147,6 +148,8 @@ def test_an_outlier_on_unchecked_files_becomes_suspect_and_is_validated(orch):
         _figure(c, False, 500, 0.2),  # 20 × the reference, unchecked
     ]}  # fmt: skip
     assert o.ok(o.trainer, "POST", ROUTE, body) == {"flagged": [c]}
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(c in m and "KL 0.2 over 500 tokens" in m for m in warned), warned
     states = _states(o, c)
     assert [states[k] for k in accepted[:2]] == ["consumed", "consumed"]
     assert all(states[k] == "pending" for k in accepted[2:])  # back to the validators
@@ -168,6 +171,10 @@ def test_an_outlier_on_unchecked_files_becomes_suspect_and_is_validated(orch):
     honest_body = {"step": 3, "nodes": [_figure(c, False, 500, 0.01)]}
     assert o.ok(o.trainer, "POST", ROUTE, honest_body) == {"flagged": []}
     assert o.ledger()[c]["suspect"]
+    table = ledger_table(o.http.get("/v1/ledger").json(), now=o.clock())
+    assert "mismatch KL over steps 0..3" in table.splitlines()[0]
+    row = next(line.split() for line in table.splitlines() if line.startswith(c[:16]))
+    assert row[-3:] == ["0.14", "-", "yes"]  # steps 1..3: (0.2 + 0.2 + 0.01) / 3, rounded
 
 
 def test_files_of_a_suspect_returned_by_a_resume_go_to_validation(orch):
