@@ -54,5 +54,36 @@ class ValidatorConfig(Section):
         description="Fraction of submitted files validated, drawn by the orchestrator after "
         "upload (1: every file; below 1 the rest are trained on unchecked: spot-checking).",
     )
+    mismatch_window: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="Spot-checking: steps over which the orchestrator compares a node's "
+        "log-prob mismatch on unchecked files with the swarm's "
+        "(swarmrl/orchestrator/mismatch.py).",
+    )
+    mismatch_min_tokens: int = Field(
+        64,
+        ge=1,
+        le=1 << 40,
+        description="Spot-checking: unchecked tokens a node needs in the window before "
+        "its mismatch is judged.",
+    )
+    mismatch_factor: float = Field(
+        10.0,
+        ge=1.0,
+        le=1e6,
+        description="Spot-checking: a node whose mean mismatch KL on unchecked files "
+        "exceeds this many times max(reference, mismatch_floor) becomes suspect: every "
+        "file of it is validated from then on (the reference: the mean KL of checked "
+        "files in the window, or the nodes' median with none checked).",
+    )
+    mismatch_floor: float = Field(
+        1e-3,
+        gt=0.0,
+        le=100.0,
+        description="Spot-checking: the smallest reference KL the factor applies to, so "
+        "that near-zero honest mismatch does not flag rounding noise.",
+    )
     threads: int = Field(1, ge=1, le=256, description="torch threads per validator process.")
     poll_s: float = Field(0.2, gt=0.0, le=60.0, description="Wait between polls for files.")

@@ -32,9 +32,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from swarmrl.orchestrator import files, nodes, work
+from swarmrl.orchestrator import files, mismatch, nodes, work
 from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
 from swarmrl.orchestrator.auth import (
     Caller,
@@ -49,6 +50,7 @@ from swarmrl.orchestrator.schemas import (
     ClaimIn,
     ConsumeIn,
     HeartbeatIn,
+    MismatchIn,
     RegisterIn,
     RelayReportIn,
     RunControlIn,
@@ -178,6 +180,14 @@ async def _api_error(_request, e: ApiError):
     return JSONResponse({"detail": e.detail}, status_code=e.status)
 
 
+async def _invalid_body(_request, e: RequestValidationError):
+    """422 naming each bad field, without echoing its input: a NaN or an infinity (which
+    Python's JSON reader accepts) cannot be written back as JSON, and FastAPI's own
+    handler would fail on it with a 500."""
+    errors = [{"loc": list(x["loc"]), "msg": x["msg"], "type": x["type"]} for x in e.errors()]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
 def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     """The app over `svc`. With `sweep_every_s`, a background thread applies node
     silence, finality and nonce expiry at that period while the app runs."""
@@ -190,6 +200,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
         lifespan=_lifespan(svc, pool, sweep_every_s),
     )
     app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid_body)
     signed = Signed(svc, pool)
     # registered in this order, which is the order of the OpenAPI document
     _public_routes(app, svc, metrics)
@@ -293,7 +304,8 @@ def _validator_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
 
 
 def _trainer_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
-    """Signed by the trainer: open a step, publish, read and consume files, reject, resume."""
+    """Signed by the trainer: open a step, publish, read and consume files, reject, resume,
+    report the per-node log-prob mismatch."""
     call, as_trainer = signed.call, signed.trainer
 
     @app.post("/v1/trainer/step", responses=ERRORS)
@@ -319,6 +331,11 @@ def _trainer_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
     @app.post("/v1/trainer/reject", responses=ERRORS)
     async def trainer_reject(body: TrainerRejectIn, caller: Caller = as_trainer) -> dict:
         return await call(caller, files.trainer_reject, svc, body.key, body.reason)
+
+    @app.post("/v1/trainer/mismatch", responses=ERRORS)
+    async def trainer_mismatch(body: MismatchIn, caller: Caller = as_trainer) -> dict:
+        figures = [n.model_dump() for n in body.nodes]
+        return await call(caller, mismatch.record, svc, body.step, figures)
 
     @app.post("/v1/trainer/resume", responses=ERRORS)
     async def trainer_resume(body: VersionIn, caller: Caller = as_trainer) -> dict:

@@ -69,6 +69,12 @@ SCHEMA = [
     " opened DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS relay_reports (url TEXT NOT NULL, reporter TEXT NOT NULL,"
     " time DOUBLE PRECISION NOT NULL, what TEXT NOT NULL, PRIMARY KEY (url, reporter))",
+    "CREATE TABLE IF NOT EXISTS mismatch (step BIGINT NOT NULL, node TEXT NOT NULL,"
+    " checked INTEGER NOT NULL, tokens BIGINT NOT NULL, kl DOUBLE PRECISION NOT NULL,"
+    " truncated DOUBLE PRECISION NOT NULL, files BIGINT NOT NULL,"
+    " PRIMARY KEY (step, node, checked))",
+    "CREATE TABLE IF NOT EXISTS suspects (node TEXT PRIMARY KEY, time DOUBLE PRECISION NOT NULL,"
+    " step BIGINT NOT NULL, detail TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS events (id {autoid}, time DOUBLE PRECISION NOT NULL,"
     " node TEXT NOT NULL, kind TEXT NOT NULL, amount DOUBLE PRECISION NOT NULL,"
     " detail TEXT NOT NULL)",

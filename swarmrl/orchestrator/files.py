@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+from swarmrl.orchestrator.mismatch import recheck_unconsumed
 from swarmrl.orchestrator.nodes import event, punish
 from swarmrl.orchestrator.service import ApiError, Service
 from swarmrl.orchestrator.work import (
@@ -201,13 +202,15 @@ def trainer_reject(svc: Service, key: str, reason: str) -> dict:
 
 
 def resume(svc: Service, version: int) -> dict:
-    """The trainer restarts after `version`: files consumed by later steps go back."""
+    """The trainer restarts after `version`: files consumed by later steps go back (those
+    of suspect nodes that were not checked, to validation: mismatch.py)."""
     with svc.db.tx() as cur:
         n = cur.execute(
             "UPDATE files SET state = 'accepted', consumed_step = NULL WHERE state = 'consumed'"
             " AND consumed_step > ?",
             (version,),
         ).rowcount
+        recheck_unconsumed(svc, cur)
         svc.set_meta(cur, "policy", str(version))
         cur.execute("DELETE FROM meta WHERE k IN ('done', 'stopped')")
     return {"returned": n}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SHA256 = r"^[0-9a-f]{64}$"
 KEY = r"^[0-9a-f]{64}$"
@@ -95,6 +95,40 @@ class VersionIn(_In):
 class ConsumeIn(_In):
     step: int = Field(ge=0, le=1 << 40)
     keys: list[str] = Field(max_length=100_000)
+
+
+class NodeMismatchIn(_In):
+    node: str = Field(pattern=KEY, description="The node's key, hex.")
+    checked: bool = Field(description="Whether these files were validated.")
+    tokens: int = Field(ge=0, le=1 << 50, description="Tokens the figures are over.")
+    kl: float = Field(
+        ge=-1e-3,
+        le=1e6,
+        allow_inf_nan=False,
+        description="Mean per-token k3 estimate of KL(behaviour policy || trainer's): "
+        "non-negative but for rounding (stored clamped at 0).",
+    )
+    truncated: float = Field(
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="Fraction of the tokens whose weight was truncated or masked.",
+    )
+    files: int = Field(ge=0, le=1 << 40, description="Files the figures are over.")
+
+
+class MismatchIn(_In):
+    step: int = Field(ge=0, le=1 << 40, description="The step the trainer trained.")
+    nodes: list[NodeMismatchIn] = Field(
+        max_length=10_000, description="One entry per (node, checked) pair trained on."
+    )
+
+    @model_validator(mode="after")
+    def one_entry_per_pair(self) -> MismatchIn:
+        pairs = {(n.node, n.checked) for n in self.nodes}
+        if len(pairs) != len(self.nodes):
+            raise ValueError("more than one entry for a (node, checked) pair")
+        return self
 
 
 class TrainerRejectIn(_In):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import secrets
 
+from swarmrl.orchestrator.mismatch import is_suspect, reference_kl, window_figures
 from swarmrl.orchestrator.nodes import touch
 from swarmrl.orchestrator.service import ApiError, Service
 from swarmrl.protocol.assign import Assignment, rollout_key
@@ -229,6 +230,8 @@ def grant_upload(svc: Service, key: str, counter: int, size: int, sha256: str) -
 
 
 def submit(svc: Service, key: str, object_key: str, sha256: str) -> dict:
+    """Record the uploaded file and draw whether a validator checks it: with
+    probability `validator.sample_rate`, always for a suspect node (mismatch.py)."""
     rate = svc.cfg.validator.sample_rate if svc.cfg.validator.enabled else 0.0
     with svc.db.tx() as cur:
         row = cur.execute(
@@ -243,7 +246,11 @@ def submit(svc: Service, key: str, object_key: str, sha256: str) -> dict:
         wrong = svc.objects.verify(object_key, row[2], sha256)
         if wrong is not None:
             raise ApiError(409, wrong)
-        checked = rate >= 1.0 or secrets.randbelow(1 << 30) < rate * (1 << 30)
+        checked = (
+            rate >= 1.0
+            or secrets.randbelow(1 << 30) < rate * (1 << 30)
+            or (rate > 0.0 and is_suspect(cur, key))  # mismatch.py: a suspect is always checked
+        )
         state = "pending" if checked else "accepted"
         cur.execute(
             "UPDATE files SET state = ?, checked = ?, submitted = ? WHERE key = ?",
@@ -305,6 +312,9 @@ def servers(svc: Service, cur) -> list[str]:
 
 
 def ledger(svc: Service) -> dict:
+    """Every node with its state, stake, file counts, suspect flag and mean mismatch KL
+    over the window ending at the last step the trainer reported (unchecked and checked
+    files, None without tokens); `mismatch`: that window and its reference KL."""
     with svc.db.tx() as cur:
         nodes = cur.execute(
             "SELECT key, role, state, stake, slashed, reason, last_seen FROM nodes ORDER BY registered"
@@ -313,6 +323,11 @@ def ledger(svc: Service) -> dict:
             "SELECT node, state, void, final, COUNT(*) FROM files GROUP BY node, state, void, final"
         ).fetchall()
         run = run_state(svc, cur)
+        suspects = {k for (k,) in cur.execute("SELECT node FROM suspects").fetchall()}
+        last = svc.meta("mismatch_step", cur)
+        window = svc.cfg.validator.mismatch_window
+        figures = window_figures(cur, int(last), window) if last is not None else []
+    kl = {m.node: m for m in figures}
     counts: dict[str, dict[str, int]] = {}
     for node, state, void, final, n in per:
         c = counts.setdefault(
@@ -331,8 +346,13 @@ def ledger(svc: Service) -> dict:
     out = []
     for key, role, state, stake, slashed, reason, last_seen in nodes:
         c = counts.get(key, {"accepted": 0, "rejected": 0, "pending": 0, "void": 0, "final": 0})
+        m = kl.get(key)
         out.append(
             {"key": key, "role": role, "state": state, "stake": stake, "slashed": slashed,
-             "reason": reason, "last_seen": last_seen, **c}
+             "reason": reason, "last_seen": last_seen, **c, "suspect": key in suspects,
+             "kl_unchecked": m.unchecked_kl if m else None,
+             "kl_checked": m.checked_kl if m else None}
         )  # fmt: skip
-    return {"run_id": svc.run_id, "run": run, "nodes": out}
+    steps = None if last is None else [max(0, int(last) - window + 1), int(last)]
+    mismatch = {"steps": steps, "reference": reference_kl(figures)}
+    return {"run_id": svc.run_id, "run": run, "mismatch": mismatch, "nodes": out}

@@ -9,6 +9,10 @@ import time
 import httpx
 
 
+def _kl(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2g}"
+
+
 def ledger_table(ledger: dict, now: float | None = None) -> str:
     now = time.time() if now is None else now
     run = ledger["run"]
@@ -16,6 +20,10 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
         f"run {ledger['run_id']}: trainer step {run['step']}, policy {run['policy']}"
         f"{', done' if run['done'] else ''}{', paused' if run['paused'] else ''}"
     )
+    mismatch = ledger.get("mismatch") or {}
+    if mismatch.get("steps"):
+        first, last = mismatch["steps"]
+        head += f"; mismatch KL over steps {first}..{last}: reference {_kl(mismatch['reference'])}"
     cols = [
         "node",
         "role",
@@ -28,6 +36,9 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
         "final",
         "stake",
         "slashed",
+        "kl-unchecked",
+        "kl-checked",
+        "suspect",
     ]
     rows = [
         [
@@ -42,6 +53,9 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
             str(n["final"]),
             f"{n['stake']:.1f}",
             f"{n['slashed']:.1f}",
+            _kl(n.get("kl_unchecked")),
+            _kl(n.get("kl_checked")),
+            "yes" if n.get("suspect") else "no",
         ]
         for n in ledger["nodes"]
     ]
@@ -53,6 +67,11 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
     reasons = [f"  {n['key'][:16]}: {n['reason']}" for n in ledger["nodes"] if n["reason"]]
     if reasons:
         lines += ["why nodes were ejected or banned:", *reasons]
+    if any(n.get("suspect") for n in ledger["nodes"]):
+        lines.append(
+            "suspect: mismatch KL on unchecked files far above the reference; every file of "
+            "the node is validated"
+        )
     return "\n".join(lines)
 
 
