@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TINY := models/tiny-reverse_text
 INIT_ARGS ?=  # e.g. INIT_ARGS="--threads 1 --seed 1" for the warm start
 
-.PHONY: run test test-all lint bench venv clean postgres vllm
+.PHONY: run run-tiny test test-all lint bench venv clean postgres vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,7 +33,16 @@ vllm: $(VLLM_STAMP)
 $(TINY)/warm_start.json: $(STAMP)
 	$(BIN)/swarmrl init-model --task reverse_text --out $(TINY) --config configs/tiny.toml $(INIT_ARGS)
 
-run: $(STAMP) $(TINY)/warm_start.json
+# The default run: SmolLM2-135M-Instruct learns 2-digit addition (configs/default.toml).
+# SEED=1 or THREADS=2 repeat it with another seed or with 2 threads per process.
+SEED ?= 0
+THREADS ?= 1
+run: $(STAMP)
+	$(BIN)/swarmrl rl --config configs/default.toml --fresh seed=$(SEED) \
+	  trainer.threads=$(THREADS) worker.threads=$(THREADS) validator.threads=$(THREADS)
+
+# The tiny character model learning to reverse text (configs/tiny.toml): the tests' model.
+run-tiny: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/swarmrl rl --config configs/tiny.toml --fresh
 
 # The ledger tests also run on a real PostgreSQL server (the Debian package); they are

@@ -231,8 +231,11 @@ def run_trl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
                 control.should_training_stop = True
 
     k = tc.optimizer_steps  # swarmrl's optimizer steps per rollout batch
+    # transformers below 5.20 (as vLLM pins it) has gradient_checkpointing only, off by default
+    fields = GRPOConfig.__dataclass_fields__
+    no_ckpt = {"activation_checkpointing": False} if "activation_checkpointing" in fields else {}
     gcfg = GRPOConfig(
-        output_dir=str(tmp / "trl"), use_cpu=True, bf16=False, activation_checkpointing=False,
+        output_dir=str(tmp / "trl"), use_cpu=True, bf16=False, **no_ckpt,
         num_generations=G, per_device_train_batch_size=B * G // k, steps_per_generation=k,
         gradient_accumulation_steps=1, num_iterations=1,
         max_completion_length=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,

@@ -37,8 +37,10 @@ def greedy_scores(
     ]
 
 
-def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_length: int):
-    """(completion text, task reward, tokens before EOS) for each task."""
+def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_length: int,
+            on_batch=None):  # fmt: skip
+    """(completion text, task reward, tokens before EOS) for each task; `on_batch(k)`
+    after each batch of k tasks."""
     from swarmrl.inference.generation import decode, greedy
     from swarmrl.models.prompting import decode_completion, encode_prompt, prompt_text
     from swarmrl.tasks.graders.registry import verify
@@ -54,6 +56,8 @@ def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_len
             cut = len(c.tokens) - c.finished  # the EOS token is not part of the text
             text = decode_completion(tokenizer, c.tokens[:cut])
             out_scores.append((text, verify(t, text), cut))
+        if on_batch is not None:
+            on_batch(len(chunk))
     return out_scores
 
 
@@ -89,7 +93,10 @@ def evaluate(
     target_length: int = 0,
     length_mode: str = "exact",
     length_coef: float = 0.0003,
+    on_batch=None,
 ) -> dict:
+    """Greedy accuracy and mean task reward of `model_path` on `n` problems of the eval
+    split at difficulty `level`; `on_batch(k)` is called as each batch of k is scored."""
     import torch
 
     from swarmrl.models.loading import load_model, load_tokenizer
@@ -102,7 +109,7 @@ def evaluate(
     model = load_model(model_path, dtype)
     source = TaskSource(task_cfg, seed)
     tasks = [source.get("eval", i, level) for i in range(n)]
-    scores = _greedy(model, tok, tasks, max_new_tokens, batch, target_length)
+    scores = _greedy(model, tok, tasks, max_new_tokens, batch, target_length, on_batch)
     rewards = [r for _, r, _ in scores]
     samples = [
         {

@@ -66,9 +66,7 @@ class TrainerConfig(Section):
         "std (group), the batch's std (batch) or nothing (none); auto: the loss's own "
         "convention (none for dr_grpo, group for the others).",
     )
-    epsilon: float = Field(
-        0.2, gt=0.0, lt=1.0, description="PPO clip range ε (ε_low of dapo)."
-    )
+    epsilon: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip range ε (ε_low of dapo).")
     epsilon_high: float = Field(
         0.28, gt=0.0, le=10.0, description="dapo: upper clip range ε_high (clip-higher)."
     )

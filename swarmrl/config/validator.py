@@ -75,8 +75,8 @@ class ValidatorConfig(Section):
         le=1e6,
         description="Spot-checking: a node whose mean mismatch KL on unchecked files "
         "exceeds this many times max(reference, mismatch_floor) becomes suspect: every "
-        "file of it is validated from then on (the reference: the mean KL of checked "
-        "files in the window, or the nodes' median with none checked).",
+        "file of it is validated from then on (the reference: the larger of the mean KL "
+        "of checked files in the window and the median over nodes of their KL).",
     )
     mismatch_floor: float = Field(
         1e-3,

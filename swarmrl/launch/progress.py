@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from swarmrl.config import RunConfig
+from swarmrl.launch import heldout
 from swarmrl.launch.report import read_metrics
 
 
@@ -112,7 +113,10 @@ class Progress:
 
     def update(self, alive_workers: int) -> None:
         rows = read_metrics(self.metrics)
-        if not rows or rows[-1]["step"] == self.shown:
+        if not rows:
+            self._starting(alive_workers)
+            return
+        if rows[-1]["step"] == self.shown:
             return
         last = rows[-1]
         if self.first_step is None:
@@ -133,10 +137,26 @@ class Progress:
             f"step {last['step']}/{self.cfg.trainer.steps} | reward {last['reward']:.3f} "
             f"(first {rows[0]['reward']:.3f}) | level {last.get('level', 0)} | "
             f"signal {last.get('signal_fraction', 1.0):.2f} | staleness {last['staleness']:.2f} | "
-            f"{samples_s:.0f} samples/s | workers {alive_workers}/{self.cfg.launcher.workers}"
+            f"{samples_s:.1f} samples/s | workers {alive_workers}/{self.cfg.launcher.workers}"
             f"{checked}{lag_s} | ETA {_fmt_s(eta)}"
         )
         self.shown = last["step"]
+        if self.tty:
+            print("\r" + line.ljust(140), end="", flush=True)
+        else:
+            print(line, flush=True)
+
+    def _starting(self, alive_workers: int) -> None:
+        """Before the first step: what is happening, and for how long (once per second on
+        a terminal, once otherwise)."""
+        if self.shown == -1 and not self.tty:
+            return
+        line = (
+            f"starting: {_fmt_s(time.time() - self.t0)} | processes load the model, workers "
+            f"generate, the trainer waits for {self.cfg.trainer.batch_groups} groups with "
+            f"signal | workers {alive_workers}/{self.cfg.launcher.workers}"
+        )
+        self.shown = -1
         if self.tty:
             print("\r" + line.ljust(140), end="", flush=True)
         else:
@@ -187,42 +207,6 @@ def run_shape(cfg: RunConfig, rows: list[dict]) -> str:
     return text
 
 
-def held_out(cfg: RunConfig, run: Path, n: int = 256) -> list[str]:
-    """Greedy held-out reward of the starting and the final policy at the starting
-    difficulty (and of the final one at the highest level reached); also written to
-    runs/<name>/eval.json."""
-    from swarmrl.apps.evaluate import evaluate
-
-    rows = read_metrics(run / "metrics.jsonl")
-    final = run / "final"
-    if not rows or not final.exists() or cfg.task.dataset:
-        return []
-    start, top = cfg.curriculum.start_level, max(r.get("level", 0) for r in rows)
-    max_new = cfg.sampling.max_new_tokens
-    res = {
-        "start_model": evaluate(cfg.model.path, cfg.task, n, max_new, threads=2, level=start),
-        "final_model": evaluate(str(final), cfg.task, n, max_new, threads=2, level=start),
-    }
-    if top != start:
-        res["final_model_top_level"] = evaluate(
-            str(final), cfg.task, n, max_new, threads=2, level=top
-        )
-    for r in res.values():
-        r.pop("samples", None)
-    (run / "eval.json").write_text(json.dumps(res, indent=2) + "\n")
-    a, b = res["start_model"], res["final_model"]
-    out = [
-        f"held-out greedy reward at level {start} ({n} problems): start {a['mean_reward']:.3f} -> "
-        f"final {b['mean_reward']:.3f} (exact {a['accuracy']:.3f} -> {b['accuracy']:.3f})"
-    ]
-    if top != start:
-        c = res["final_model_top_level"]
-        out.append(
-            f"held-out greedy reward of the final policy at level {top}: {c['mean_reward']:.3f}"
-        )
-    return out
-
-
 def ledger_line(ledger: dict) -> str:
     """Nodes by state, files accepted, and the cheaters the orchestrator caught."""
     nodes = [n for n in ledger["nodes"] if n["role"] == "worker"]
@@ -264,7 +248,6 @@ def summary_lines(cfg: RunConfig, run: Path, ledger: dict | None = None) -> list
         )
     if ledger is not None:
         out.append(ledger_line(ledger))
-    if cfg.launcher.eval_problems:
-        out.extend(held_out(cfg, run, cfg.launcher.eval_problems))
+    out.extend(heldout.after(cfg, run))
     out.append(f"metrics {run / 'metrics.jsonl'}, plot {run / 'report.png'}, model {run / 'final'}")
     return out

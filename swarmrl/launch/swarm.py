@@ -42,6 +42,7 @@ from pathlib import Path
 
 from swarmrl.config import RunConfig
 from swarmrl.errors import EXIT_REFUSED, UserError
+from swarmrl.launch import heldout
 from swarmrl.launch.progress import Progress, fetch_ledger, summary_lines
 from swarmrl.launch.supervisor import Action, Proc, Supervisor, free_port, stop_all, tail
 
@@ -324,6 +325,7 @@ def launch(
     if cheat_kinds and not cfg.validator.enabled:
         raise LaunchError("--cheaters needs validator.enabled: nothing would stop them")
     run = prepare_run_dir(cfg, resume, fresh)
+    heldout.before(cfg, run)
     swarm = plan_swarm(cfg, config_path, overrides, resume, cheat_kinds)
     with Supervisor(swarm.procs) as supervisor:
         progress = Progress(cfg, run / "metrics.jsonl", cheat_kinds, orchestrator=swarm.url)

@@ -21,6 +21,10 @@ from swarmrl.errors import UserError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+# Library progress bars (transformers' GGUF conversion uses a bare tqdm) are off by
+# default, read by tqdm when it is imported: a process's log keeps its own lines, and
+# the launcher draws its own bars (with disable=False). TQDM_DISABLE=0 brings them back.
+os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 class ModelLoadError(UserError, RuntimeError):
@@ -65,8 +69,18 @@ def resolve_model_path(path: str) -> tuple[Path, str | None]:
     return p, None
 
 
+def quiet_transformers() -> None:
+    """No progress bars of transformers' own (GGUF conversion, weight loading, shard
+    writing): a process's log keeps its own lines, the launcher shows its own bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
+
+    quiet_transformers()
 
     d, gguf = resolve_model_path(path)
     kw = {"gguf_file": gguf} if gguf else {}
@@ -81,6 +95,7 @@ def load_model(path: str, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     d, gguf = resolve_model_path(path)
     kw = {"gguf_file": gguf} if gguf else {}
     model = AutoModelForCausalLM.from_pretrained(str(d), dtype=getattr(torch, dtype), **kw)

@@ -13,12 +13,23 @@ rows, and rows older than the window are deleted.
 The rule, over the window of the last `validator.mismatch_window` steps up to
 the step just reported, with token-weighted means (Σ tokens·kl / Σ tokens):
 
-    reference = mean KL of every checked file in the window (all nodes:
-                validated files are known honest), or, with none checked,
-                the median over nodes of each node's mean KL on all its files
+    reference = the larger of the mean KL of every checked file in the
+                window (all nodes: validated files are known honest) and
+                the (lower) median over nodes of each node's mean KL on all
+                its files
     flagged   ⇔ unchecked tokens ≥ mismatch_min_tokens
                 and mean KL on unchecked files > mismatch_factor ·
                 max(reference, mismatch_floor)
+
+Why the larger of the two: honest mismatch is mostly staleness (the policy
+moved between sampling and training), and the few checked files of a window
+may all be fresh ones. Measured on the default run (SmolLM2, lr 2e-5): the
+checked files of steps 0-3 had KL 5e-9 (trained at the version that sampled
+them), the same honest node's unchecked files 0.015 (two versions old), which
+the checked reference alone flagged. The median over nodes holds an honest
+node to the swarm's typical figure; a forger among honest nodes still stands
+out from it. With a single node the median is its own figure, and its forgery
+is left to the spot checks; with two, the lower of the two figures.
 
 A flagged node is *suspect* (table `suspects`): every file it submits is drawn
 for validation whatever `validator.sample_rate`, and its files accepted
@@ -74,13 +85,14 @@ class NodeMismatch:
 
 
 def reference_kl(window: list[NodeMismatch]) -> float | None:
-    """The swarm's mismatch: the mean KL of every checked file in the window, or with
-    none checked the median over nodes of their mean KL on all files (None: no figures)."""
-    tokens = sum(m.checked_tokens for m in window)
-    if tokens:
-        return sum(m.checked_kl_sum for m in window) / tokens
+    """The swarm's mismatch: the larger of the mean KL of every checked file in the
+    window and the median over nodes of their mean KL on all files (None: no figures)."""
     per_node = [m.all_kl for m in window if m.all_kl is not None]
-    return statistics.median(per_node) if per_node else None
+    if not per_node:
+        return None
+    tokens = sum(m.checked_tokens for m in window)
+    checked = sum(m.checked_kl_sum for m in window) / tokens if tokens else 0.0
+    return max(checked, statistics.median_low(per_node))
 
 
 def outliers(

@@ -163,7 +163,7 @@ def mismatch_by_node(samples, m: Mismatch) -> list[dict]:
             "node": node,
             "checked": checked,
             "tokens": int(n),
-            "kl": kl / n,
+            "kl": max(kl / n, 0.0),  # k3 ≥ 0; float rounding may dip below
             "truncated": ex / n,
             "files": len(files),
         }

@@ -243,7 +243,7 @@ def test_difficulty_rises_and_signal_stays_above_the_floor(tiny_model, tmp_path)
     signal = sum(r["signal_fraction"] for r in rows) / len(rows)
     assert signal >= 0.3, [round(r["signal_fraction"], 2) for r in rows]
     assert all(r["groups_read"] <= 4 * 16 for r in rows), [r["groups_read"] for r in rows]
-    assert "highest difficulty level" in res.stdout and "held-out greedy reward" in res.stdout
+    assert "highest difficulty level" in res.stdout and "held-out accuracy on" in res.stdout
 
 
 def _default_run(tiny_model, tmp_path) -> tuple[list[dict], float, float]:

@@ -41,8 +41,14 @@ def files(random_model_dir, tmp_path_factory):
 def _samples(data: bytes) -> list[Sample]:
     return [
         Sample(
-            r["prompt_tokens"], r["completion_tokens"], 1.0 - 2.0 * (i % 2), r["reward"], 0, 0,
-            r["policy_step"], behav_logprobs=r["completion_logprobs"],
+            r["prompt_tokens"],
+            r["completion_tokens"],
+            1.0 - 2.0 * (i % 2),
+            r["reward"],
+            0,
+            0,
+            r["policy_step"],
+            behav_logprobs=r["completion_logprobs"],
             temperature=r["temperature"],
         )  # fmt: skip
         for i, r in enumerate(read_rollouts(data))
@@ -130,8 +136,10 @@ def test_samples_of_version_n_minus_2_get_weight_pi_n_over_pi_n_minus_2(
     perturb(new, 0.02, seed=7)  # two versions later
     samples = _samples(made[0][1])
     want = [
-        [math.exp(a - b) for a, b in zip(_sampled_logprobs(new, s), _sampled_logprobs(old, s),
-                                         strict=True)]  # fmt: skip
+        [
+            math.exp(a - b)
+            for a, b in zip(_sampled_logprobs(new, s), _sampled_logprobs(old, s), strict=True)
+        ]  # fmt: skip
         for s in samples
     ]
     seen = []
@@ -146,7 +154,7 @@ def test_samples_of_version_n_minus_2_get_weight_pi_n_over_pi_n_minus_2(
     cfg = TrainerConfig(is_correction="token_tis", is_cap=1e6, micro_batch=64, lr=1e-9)
     opt = torch.optim.SGD(new.parameters(), lr=0.0)
     stats = grpo_update(new, None, opt, samples, cfg, 100.0, 0, top_p=TOP_P)
-    (w, mask), = seen
+    ((w, mask),) = seen
     for i, s in enumerate(samples):
         got = w[i, : len(s.completion_tokens)].tolist()
         assert got == pytest.approx(want[i], rel=1e-4)

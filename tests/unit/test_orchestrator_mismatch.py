@@ -18,19 +18,33 @@ ROUTE = "/v1/trainer/mismatch"
 SPOT = ("validator.sample_rate=0.01", "trainer.batch_groups=10000")
 
 
-def test_reference_is_the_checked_mean_weighted_by_tokens():
+def test_reference_is_the_larger_of_the_checked_mean_and_the_node_median():
     window = [
         NodeMismatch("a", unchecked_tokens=100, unchecked_kl_sum=1.0,
-                     checked_tokens=300, checked_kl_sum=3.0),  # checked mean 0.01
-        NodeMismatch("b", checked_tokens=100, checked_kl_sum=3.0),  # checked mean 0.03
-        NodeMismatch("c", unchecked_tokens=64, unchecked_kl_sum=64 * 0.21),
+                     checked_tokens=300, checked_kl_sum=3.0),  # 0.01 on all its files
+        NodeMismatch("b", checked_tokens=100, checked_kl_sum=3.0),  # 0.03
+        NodeMismatch("c", unchecked_tokens=64, unchecked_kl_sum=64 * 0.5),  # 0.5
     ]  # fmt: skip
-    # (3.0 + 3.0) / (300 + 100) = 0.015; the limit is 10 × 0.015 = 0.15
-    assert reference_kl(window) == pytest.approx(0.015)
+    # checked mean (3 + 3) / 400 = 0.015, node median 0.03: the limit is 10 × 0.03 = 0.3
+    assert reference_kl(window) == pytest.approx(0.03)
     assert [m.node for m in outliers(window, 10.0, 1e-3, 64)] == ["c"]
     assert outliers(window, 10.0, 1e-3, 65) == []  # c has 64 unchecked tokens: too few
-    assert outliers(window, 15.0, 1e-3, 64) == []  # 0.21 is below 15 × 0.015 = 0.225
-    assert outliers(window, 10.0, 0.03, 64) == []  # the floor: 0.21 is below 10 × 0.03
+    assert outliers(window, 20.0, 1e-3, 64) == []  # 0.5 is below 20 × 0.03 = 0.6
+    assert outliers(window, 10.0, 0.06, 64) == []  # the floor: 0.5 is below 10 × 0.06
+    # a checked mean above the nodes' median is the reference
+    high = [NodeMismatch("a", checked_tokens=100, checked_kl_sum=10.0)] + [
+        NodeMismatch(k, unchecked_tokens=100, unchecked_kl_sum=1.0) for k in "bc"
+    ]
+    assert reference_kl(high) == pytest.approx(0.1)
+
+
+def test_an_honest_node_whose_checked_files_were_fresh_is_not_flagged():
+    """Measured on the default run: its checked files (trained at the version that sampled
+    them) had KL 5e-9, its unchecked ones (two versions old) 0.015."""
+    alone = [NodeMismatch("a", unchecked_tokens=1089, unchecked_kl_sum=1089 * 0.01523,
+                          checked_tokens=394, checked_kl_sum=394 * 4.9e-9)]  # fmt: skip
+    assert reference_kl(alone) == pytest.approx(1089 * 0.01523 / (1089 + 394))
+    assert outliers(alone, 10.0, 1e-3, 64) == []
 
 
 def test_without_checked_files_the_reference_is_the_median_node():
@@ -163,7 +177,8 @@ def test_an_outlier_on_unchecked_files_becomes_suspect_and_is_validated(orch, ca
     assert led[c]["kl_unchecked"] == pytest.approx(0.2) and led[c]["kl_checked"] is None
     assert led[h]["kl_checked"] == pytest.approx(0.01)
     whole = o.http.get("/v1/ledger").json()
-    assert whole["mismatch"] == {"steps": [0, 1], "reference": pytest.approx(0.01)}
+    # the larger of the checked mean (0.01) and the lower node median (h: 0.0105 on all files)
+    assert whole["mismatch"] == {"steps": [0, 1], "reference": pytest.approx(0.0105)}
     events = o.svc.db.one("SELECT node, kind FROM events WHERE kind = 'suspect'")
     assert [tuple(e) for e in events] == [(c, "suspect")]
     # reported again: already suspect, not flagged anew; it stays suspect
@@ -179,16 +194,17 @@ def test_an_outlier_on_unchecked_files_becomes_suspect_and_is_validated(orch, ca
 
 def test_files_of_a_suspect_returned_by_a_resume_go_to_validation(orch):
     o = orch(*SPOT)
-    cheat = o.worker("cheat")
-    c = public_key_hex(cheat)
+    cheat, honest = o.worker("cheat"), o.worker("honest")
+    c, h = public_key_hex(cheat), public_key_hex(honest)
     o.register(cheat)
+    o.register(honest)
     o.open_step(1, 0)
     _files(o, cheat, 3, b"c")
     accepted = [k for k, s in _states(o, c).items() if s == "accepted"]
     o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": 1, "keys": accepted})
     body = {"step": 1, "nodes": [_figure(c, False, 500, 0.5)]}  # median of one node: itself
     assert o.ok(o.trainer, "POST", ROUTE, body) == {"flagged": []}
-    body = {"step": 1, "nodes": [_figure(c, True, 500, 0.01), _figure(c, False, 500, 0.5)]}
+    body = {"step": 1, "nodes": [_figure(h, True, 500, 0.01), _figure(c, False, 500, 0.5)]}
     assert o.ok(o.trainer, "POST", ROUTE, body) == {"flagged": [c]}
     assert o.ok(o.trainer, "POST", "/v1/trainer/resume", {"version": 0})["returned"] == len(
         accepted

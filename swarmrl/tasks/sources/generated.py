@@ -77,3 +77,12 @@ def max_level(cfg: TaskConfig, max_new_tokens: int) -> int:
 def answer_text(task: Task) -> str:
     """The reference completion used for the supervised warm start."""
     return str(task.verification_info["answer"])
+
+
+def describe_level(cfg: TaskConfig, level: int) -> str:
+    """What a generated task's problems are at `level`, in words ("2-digit sums")."""
+    if cfg.name == "addition":
+        return f"{cfg.digits + level}-digit sums"
+    if cfg.name == "reverse_text":
+        return f"reversals of {cfg.min_len + level}-{cfg.max_len + level} characters"
+    return f"{cfg.name} problems at level {level}"

@@ -1,0 +1,86 @@
+"""The launcher's held-out check: what the run taught, measured as a person would.
+
+Greedy decoding, exact answers (task reward 1.0), on the same
+`launcher.eval_problems` problems of the eval split (its own seed stream, never
+drawn for training) at the run's starting difficulty. The starting policy is
+scored before the swarm starts and the final one after it ends, each with a
+progress bar; both go to runs/<name>/eval.json, and a resumed run reuses the
+starting score. With a curriculum the final policy is also scored at the
+highest level it reached. Sampled reward, which the progress line shows,
+rewards sharpening toward the greedy answer by construction; this does not.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from swarmrl.config import RunConfig
+from swarmrl.launch.report import read_metrics
+
+
+def applies(cfg: RunConfig) -> bool:
+    return bool(cfg.launcher.eval_problems) and not cfg.task.dataset
+
+
+def _score(cfg: RunConfig, model: str, what: str, level: int) -> dict:
+    from tqdm import tqdm
+
+    from swarmrl.apps.evaluate import evaluate
+
+    n = cfg.launcher.eval_problems
+    with tqdm(total=n, desc=f"swarmrl: held-out check of the {what}", unit="problem",
+              file=sys.stdout, leave=False, disable=False) as bar:  # fmt: skip
+        res = evaluate(model, cfg.task, n, cfg.sampling.max_new_tokens, level=level,
+                       threads=2, on_batch=bar.update)  # fmt: skip
+    res.pop("samples", None)
+    return res
+
+
+def _what(cfg: RunConfig, level: int) -> str:
+    from swarmrl.tasks.sources.generated import describe_level
+
+    return f"{cfg.launcher.eval_problems} held-out {describe_level(cfg.task, level)}"
+
+
+def before(cfg: RunConfig, run: Path) -> None:
+    """Score the starting policy (unless eval.json already holds it) and print it."""
+    if not applies(cfg):
+        return
+    path = run / "eval.json"
+    res = json.loads(path.read_text()) if path.exists() else {}
+    level = cfg.curriculum.start_level
+    if "start_model" not in res:
+        res["start_model"] = _score(cfg, cfg.model.path, "starting policy", level)
+        path.write_text(json.dumps(res, indent=2) + "\n")
+    a = res["start_model"]
+    print(
+        f"swarmrl: starting policy on {_what(cfg, level)}, greedy: exact {a['accuracy']:.3f} "
+        f"({a['seconds']:.0f}s)",
+        flush=True,
+    )
+
+
+def after(cfg: RunConfig, run: Path) -> list[str]:
+    """Score the final policy; the summary's lines, before against after."""
+    path, final = run / "eval.json", run / "final"
+    rows = read_metrics(run / "metrics.jsonl")
+    if not applies(cfg) or not rows or not final.exists() or not path.exists():
+        return []
+    res = json.loads(path.read_text())
+    start, top = cfg.curriculum.start_level, max(r.get("level", 0) for r in rows)
+    res["final_model"] = _score(cfg, str(final), "final policy", start)
+    if top != start:
+        res["final_model_top_level"] = _score(cfg, str(final), "final policy", top)
+    path.write_text(json.dumps(res, indent=2) + "\n")
+    a, b = res["start_model"], res["final_model"]
+    out = [
+        f"held-out accuracy on {_what(cfg, start)} (greedy, exact answers): "
+        f"start {a['accuracy']:.3f} -> final {b['accuracy']:.3f} "
+        f"({100 * (b['accuracy'] - a['accuracy']):+.1f} points)"
+    ]
+    if top != start:
+        c = res["final_model_top_level"]
+        out.append(f"final policy on {_what(cfg, top)}: exact {c['accuracy']:.3f}")
+    return out
