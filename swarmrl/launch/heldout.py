@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from swarmrl.config import RunConfig
-from swarmrl.launch.report import read_metrics
+from swarmrl.launch.report import read_metrics, write_report
 
 
 def applies(cfg: RunConfig) -> bool:
@@ -74,6 +74,7 @@ def after(cfg: RunConfig, run: Path) -> list[str]:
     if top != start:
         res["final_model_top_level"] = _score(cfg, str(final), "final policy", top)
     path.write_text(json.dumps(res, indent=2) + "\n")
+    write_report(run / "metrics.jsonl", run / "report.png")  # with the held-out points
     a, b = res["start_model"], res["final_model"]
     out = [
         f"held-out accuracy on {_what(cfg, start)} (greedy, exact answers): "

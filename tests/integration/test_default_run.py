@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests.integration.conftest import ROOT, read_metrics
+from tests.integration.test_swarm import assert_weights_came_through_the_relay
 
 
 def _run(tmp_path, *overrides: str, timeout: int = 900):
@@ -35,6 +36,7 @@ def test_a_short_default_run_raises_held_out_accuracy(tmp_path):
     assert "held-out accuracy on 64 held-out 2-digit sums" in res.stdout
     rows = read_metrics(run)
     assert rows and all(r["staleness"] <= 2 for r in rows)
+    assert_weights_came_through_the_relay(run, len(rows), workers=("worker-0",))
     assert all(r["mismatch_kl"] < 0.05 for r in rows), [r["mismatch_kl"] for r in rows]
     # what a person reads: no library banners, bars or warnings between our lines
     for bad in ("Converting and de-quantizing", "Loading weights", "Warning", "warn("):
