@@ -16,7 +16,7 @@ object per setting, and a table at the end.
 
     .venv/bin/python bench/loss_table.py [--config configs/default.toml] [--steps 10]
         [--seeds 0,1] [--losses grpo,dapo,...] [--corrections none,token_tis,...]
-        [--eval 200] [--threads 1] [--out FILE.jsonl]
+        [--eval 200] [--threads 1] [--out FILE.jsonl] [trainer.optimizer_steps=2 ...]
 """
 
 from __future__ import annotations
@@ -154,6 +154,7 @@ def main() -> None:
     ap.add_argument("--eval", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="")
+    ap.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. trainer.lr=1e-5")
     args = ap.parse_args()
     import torch
 
@@ -161,7 +162,7 @@ def main() -> None:
     from swarmrl.models.loading import load_model, load_tokenizer
 
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, [])
+    cfg = load_config(args.config, args.overrides)
     start = held_out(load_model(cfg.model.path), load_tokenizer(cfg.model.path), cfg, args.eval)
     print(json.dumps({"start_accuracy": start, "eval": args.eval}), flush=True)
     results = []
