@@ -166,9 +166,9 @@ def main() -> None:
     start = held_out(load_model(cfg.model.path), load_tokenizer(cfg.model.path), cfg, args.eval)
     print(json.dumps({"start_accuracy": start, "eval": args.eval}), flush=True)
     results = []
-    for loss in args.losses.split(","):
-        for correction in args.corrections.split(","):
-            for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in (int(s) for s in args.seeds.split(",")):  # every setting once, then again
+        for loss in args.losses.split(","):
+            for correction in args.corrections.split(","):
                 res = run_one(cfg, loss, correction, seed, args.steps, args.lag, args.eval, start)
                 print(json.dumps(res), flush=True)
                 results.append(res)

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 import torch
 
 MODES = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mask")
+X_MAX = 50.0  # |log π_prox − log π_behav| counted in the mismatch figures
+KL_MAX = 1e6  # the largest per-node figure the orchestrator takes
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,10 @@ class Mismatch:
         return cls(*([0.0] * n for _ in range(5)))
 
     def add(self, rows: list[int], prox, behav, mask, excluded) -> None:
-        real = mask.to(prox.dtype)
-        x = (prox.detach() - behav) * real
+        real = mask.to(torch.float64)
+        # a forged log-prob may be anything finite: x is clamped to ±X_MAX in the
+        # figures (k3 ≤ e^50), so they stay finite; such a node is flagged anyway
+        x = ((prox.detach() - behav).to(torch.float64) * real).clamp(-X_MAX, X_MAX)
         k3 = (torch.exp(x) - 1.0 - x) * real
         sums = [k3, real, excluded.to(real.dtype), x, x * x]
         for field, per_row in zip(
@@ -163,7 +167,7 @@ def mismatch_by_node(samples, m: Mismatch) -> list[dict]:
             "node": node,
             "checked": checked,
             "tokens": int(n),
-            "kl": max(kl / n, 0.0),  # k3 ≥ 0; float rounding may dip below
+            "kl": min(max(kl / n, 0.0), KL_MAX),  # k3 ≥ 0; rounding may dip below
             "truncated": ex / n,
             "files": len(files),
         }

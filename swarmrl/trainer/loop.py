@@ -41,7 +41,7 @@ import torch
 
 from swarmrl.config import ConfigError, RunConfig, RunPaths
 from swarmrl.models.loading import load_tokenizer
-from swarmrl.protocol.client import OrchestratorClient
+from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key, parse_public_key, public_key_hex
 from swarmrl.protocol.manifest import ManifestError
 from swarmrl.protocol.rollouts import Limits
@@ -269,7 +269,13 @@ def _resume(paths: RunPaths, policy, client: OrchestratorClient, curriculum, v: 
     if v > 0:
         state = torch.load(_state_path(paths, v), weights_only=False)
         begin.elapsed_s = state["elapsed_s"]
-        begin.carry = [[Sample(**x) for x in group] for group in state["carry"]]
+        # a carry saved before samples kept their sampling log-probs holds scaled
+        # advantages and no temperature: those few groups are dropped, not misread
+        begin.carry = [
+            [Sample(**x) for x in group]
+            for group in state["carry"]
+            if all("group_std" in x for x in group)
+        ]
         begin.taken = state.get("taken", {})
         if "curriculum" in state:
             curriculum.load_dict(state["curriculum"])
@@ -328,6 +334,7 @@ def _collector(cfg: RunConfig, client: OrchestratorClient, begin: _Start) -> Bat
         cfg.trainer.poll_s,
         trusted_validators(cfg),
         spot_checks=cfg.validator.sample_rate < 1.0,
+        temperature=cfg.sampling.temperature,
     )
     collector.carry = begin.carry
     collector.taken = begin.taken
@@ -391,8 +398,12 @@ def _metrics_row(cfg: RunConfig, step: int, level: int, next_level: int, batch, 
 def _report_mismatch(client: OrchestratorClient, step: int, samples, stats) -> None:
     """Per-node mismatch to the orchestrator, which sends an outlier to a validator."""
     nodes = mismatch_by_node(samples, stats.mismatch)
-    if nodes:
+    if not nodes:
+        return
+    try:
         client.call("POST", "/v1/trainer/mismatch", {"step": step, "nodes": nodes})
+    except OrchestratorError as e:  # a lost report loses a trust signal, not the run
+        log.warning("step %d: the mismatch report was refused: %s", step, e)
 
 
 def _log_step(row: dict) -> None:

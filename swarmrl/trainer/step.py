@@ -94,8 +94,9 @@ def token_logprobs(
     temperature = torch.tensor([float(s.temperature) for s in samples], device=picked.device)
     scaled = picked.float() / temperature[:, None, None]
     if top_p < 1.0:
-        with torch.no_grad():  # the sampled token is in, whatever rounding says
-            outside = (~nucleus_mask(scaled, top_p)).scatter_(-1, targets[:, :, None], False)
+        with torch.no_grad():  # a sample at a time: the mask's sort needs several [T, V]
+            outside = torch.stack([~nucleus_mask(row, top_p) for row in scaled])
+            outside.scatter_(-1, targets[:, :, None], False)  # the sampled token is in
         scaled = scaled.masked_fill(outside, float("-inf"))
     logp_all = torch.log_softmax(scaled, dim=-1)
     logp = torch.where(mask, logp_all.gather(-1, targets[:, :, None]).squeeze(-1), 0.0)
@@ -196,10 +197,7 @@ def grpo_update(
     """
     micro = cfg.micro_batch
     n_mini = min(cfg.optimizer_steps, len(samples))
-    mini_size = -(-len(samples) // n_mini)
-    minis_all = [
-        list(range(len(samples)))[m * mini_size : (m + 1) * mini_size] for m in range(n_mini)
-    ]
+    minis_all = _split(len(samples), n_mini)
     minis = [
         mini[rank * _ceil(len(mini), world) :][: _ceil(len(mini), world)] for mini in minis_all
     ]
@@ -278,6 +276,13 @@ def grpo_update(
         tokens=int(tokens),
         mismatch=mismatch,
     )
+
+
+def _split(n: int, k: int) -> list[list[int]]:
+    """0..n−1 in k consecutive parts whose sizes differ by at most one (none empty)."""
+    base, extra = divmod(n, k)
+    bounds = [m * base + min(m, extra) for m in range(k + 1)]
+    return [list(range(bounds[m], bounds[m + 1])) for m in range(k)]
 
 
 def _normaliser(cfg: TrainerConfig, mini: list[Sample], budget: float) -> float:

@@ -108,3 +108,17 @@ def test_mismatch_metrics_by_staleness_and_by_node():
          "truncated": 0.0, "files": 1},
     ]  # fmt: skip
     assert Mismatch.unflat(m.flat()) == m
+
+
+def test_forged_logprobs_keep_the_figures_finite_and_within_what_the_orchestrator_takes():
+    behav = torch.tensor([[-1e30, -25.0, -0.1]])  # finite, as a file may hold them
+    prox = torch.full((1, 3), -0.5)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    m = Mismatch.zeros(1)
+    _, ex = importance_weights(prox, behav, mask, Correction("token_tis"))
+    m.add([0], prox, behav, mask, ex)
+    assert all(math.isfinite(v) for v in m.flat())
+    (node,) = mismatch_by_node(_samples()[:1], m)
+    assert node["kl"] == 1e6 and math.isfinite(
+        mismatch_metrics(_samples()[:1], m, 10)["mismatch_kl"]
+    )

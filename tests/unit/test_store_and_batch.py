@@ -116,3 +116,21 @@ def test_a_file_voided_before_consumption_is_not_used():
     q.voided.add(k1)  # its node was caught cheating after the file was listed
     batch = BatchCollector(q, Limits(group_size=3), async_level=2, poll_s=0.01).collect(5, 2)
     assert batch.consumed == [k2] and batch.accepted_files == 1
+
+
+def test_samples_carry_what_was_sampled_and_a_foreign_temperature_is_refused():
+    """An unchecked file chooses nothing the trainer's log-probs depend on: a file sampled
+    at another temperature than the run's is rejected; the others' samples carry their
+    recorded log-probs, temperature, node, file and whether a validator checked them."""
+    q = MemoryQueue()
+    hot = [r | {"temperature": 1e-3} for r in make_rows(groups=2, g=3, step=5, policy=4)]
+    k_hot = put(q, 5, 4, hot, 1)
+    rows = make_rows(groups=2, g=3, step=5, policy=4)
+    k_ok = put(q, 5, 4, [r | {"seed": 9} for r in rows], 2)
+    batch = BatchCollector(q, Limits(group_size=3), async_level=2, poll_s=0.01).collect(5, 2)
+    assert "another temperature than the run's 1" in q.rejected[k_hot]
+    assert batch.consumed == [k_ok]
+    s = batch.samples[0]
+    assert s.behav_logprobs == pytest.approx(rows[0]["completion_logprobs"])
+    assert s.temperature == pytest.approx(1.0) and s.file == k_ok and s.node == "ab" * 16
+    assert s.checked is False  # no verdict: validation off in this collector
