@@ -1,8 +1,10 @@
-"""Unit-test fixtures."""
+"""Unit-test fixtures (`orch`: the orchestrator tests' in-process orchestrator)."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.unit.orch_util import Orch, new_pg_database, postgres_url  # noqa: F401
 
 
 @pytest.fixture
@@ -11,3 +13,23 @@ def key(tmp_path):
     from swarmrl.protocol.identity import load_or_create_key
 
     return load_or_create_key(tmp_path / "keys" / "trainer.key")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def orch(request, tmp_path):
+    """`orch(*overrides)` makes an Orch on SQLite, then (second param) on a fresh
+    PostgreSQL database; skipped there without a server (`postgres_url`)."""
+    made: list[Orch] = []
+
+    def make(*overrides: str) -> Orch:
+        if request.param == "sqlite":
+            made.append(Orch(tmp_path, *overrides))
+        else:
+            base = request.getfixturevalue("postgres_url")
+            db = new_pg_database(base, tmp_path.name.lower())
+            made.append(Orch(tmp_path, *overrides, database=db))
+        return made[-1]
+
+    yield make
+    for o in made:  # PostgreSQL's connections are a limited resource
+        o.svc.db.close()

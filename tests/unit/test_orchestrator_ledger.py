@@ -10,27 +10,9 @@ import pytest
 
 from swarmrl.protocol.identity import public_key_hex
 from swarmrl.protocol.verdict import Verdict
-from tests.unit.orch_util import HW, Orch, new_pg_database, postgres_url  # noqa: F401
+from tests.unit.orch_util import HW, Orch
 
 AUTH = "Authorization"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def orch(request, tmp_path):
-    made: list[Orch] = []
-
-    def make(*overrides: str) -> Orch:
-        if request.param == "sqlite":
-            made.append(Orch(tmp_path, *overrides))
-        else:
-            base = request.getfixturevalue("postgres_url")
-            db = new_pg_database(base, tmp_path.name.lower())
-            made.append(Orch(tmp_path, *overrides, database=db))
-        return made[-1]
-
-    yield make
-    for o in made:  # PostgreSQL's connections are a limited resource
-        o.svc.db.close()
 
 
 def _verdict(o: Orch, f: dict, accepted: bool, check: str = "") -> dict:

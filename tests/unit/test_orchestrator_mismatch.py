@@ -12,7 +12,7 @@ import pytest
 from swarmrl.orchestrator.mismatch import NodeMismatch, outliers, reference_kl
 from swarmrl.protocol.identity import public_key_hex
 from swarmrl.protocol.status import ledger_table
-from tests.unit.orch_util import Orch, new_pg_database, postgres_url  # noqa: F401
+from tests.unit.orch_util import Orch
 
 ROUTE = "/v1/trainer/mismatch"
 SPOT = ("validator.sample_rate=0.01", "trainer.batch_groups=10000")
@@ -56,24 +56,6 @@ def test_without_checked_files_the_reference_is_the_median_node():
     assert reference_kl(window) == pytest.approx(0.02)
     assert [m.node for m in outliers(window, 10.0, 1e-3, 64)] == ["c"]  # 0.5 > 0.2
     assert reference_kl([]) is None and outliers([], 10.0, 1e-3, 1) == []
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def orch(request, tmp_path):
-    made: list[Orch] = []
-
-    def make(*overrides: str) -> Orch:
-        if request.param == "sqlite":
-            made.append(Orch(tmp_path, *overrides))
-        else:
-            base = request.getfixturevalue("postgres_url")
-            db = new_pg_database(base, tmp_path.name.lower())
-            made.append(Orch(tmp_path, *overrides, database=db))
-        return made[-1]
-
-    yield make
-    for o in made:  # PostgreSQL's connections are a limited resource
-        o.svc.db.close()
 
 
 def _figure(node: str, checked: bool, tokens: int, kl: float) -> dict:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
+from swarmrl.trainer.losses.clip import ppo_clip
+
 NORMALISER = "budget"
 ADVANTAGE_SCALE = "none"
 
 
 def loss(logp, prox, adv, mask, weight, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     ratio = torch.exp(logp - prox)
-    unclipped = -ratio * adv
-    clipped = -torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon) * adv
-    token = torch.maximum(unclipped, clipped)
-    return (token * weight * mask).sum(), (clipped > unclipped) & (mask > 0)
+    token, clipped = ppo_clip(ratio, adv, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon)
+    return (token * weight * mask).sum(), clipped & (mask > 0)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from swarmrl.trainer.losses.clip import ppo_clip
+
 NORMALISER = "budget"
 ADVANTAGE_SCALE = "group"
 
@@ -22,8 +24,6 @@ ADVANTAGE_SCALE = "group"
 def loss(logp, prox, adv, mask, weight, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     ratio = torch.exp(logp - prox)
     rho = torch.clamp(ratio, max=cfg.delta)
-    unclipped = -rho * adv
-    clipped = -torch.clamp(rho, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon) * adv
-    token = torch.maximum(unclipped, clipped)
-    no_grad = (clipped > unclipped) | (ratio > cfg.delta)
+    token, clipped = ppo_clip(rho, adv, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon)
+    no_grad = clipped | (ratio > cfg.delta)
     return (token * weight * mask).sum(), no_grad & (mask > 0)

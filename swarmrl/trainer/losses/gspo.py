@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from swarmrl.trainer.losses.clip import ppo_clip
+
 NORMALISER = "samples"
 ADVANTAGE_SCALE = "group"
 
@@ -24,10 +26,9 @@ def loss(logp, prox, adv, mask, weight, cfg) -> tuple[torch.Tensor, torch.Tensor
     n = mask.sum(-1, keepdim=True).clamp(min=1.0)
     seq_ratio = torch.exp(((logp - prox) * mask).sum(-1, keepdim=True) / n)
     w = (weight * mask).sum(-1, keepdim=True) / n
-    unclipped = -seq_ratio * adv
     low, high = 1.0 - cfg.gspo_epsilon_low, 1.0 + cfg.gspo_epsilon_high
-    clipped = -torch.clamp(seq_ratio, low, high) * adv
-    seq = torch.maximum(unclipped, clipped) * w
+    seq, clipped = ppo_clip(seq_ratio, adv, low, high)
+    seq = seq * w
     real = mask.sum(-1, keepdim=True) > 0
-    no_grad = (clipped > unclipped) & real
+    no_grad = clipped & real
     return (seq * real).sum(), no_grad.expand_as(mask) & (mask > 0)
