@@ -41,6 +41,23 @@ class Completion:
 Choose = Callable[[Any, int], tuple[Any, Any]]
 
 
+def with_cache(model, cache) -> dict:
+    """The forward keyword that takes a key/value cache: `cache` from transformers 5.24
+    (where `past_key_values` is deprecated and warns), `past_key_values` before it
+    (vLLM keeps transformers below 5.20)."""
+    import inspect
+
+    kind = type(model)
+    name = _CACHE_KW.get(kind)
+    if name is None:
+        params = inspect.signature(kind.forward).parameters
+        name = _CACHE_KW[kind] = "cache" if "cache" in params else "past_key_values"
+    return {name: cache}
+
+
+_CACHE_KW: dict[type, str] = {}
+
+
 def greedy(logits, step: int):
     """The argmax token of each row (the first on a tie), with its log-prob under
     softmax(logits)."""
@@ -84,7 +101,7 @@ def decode(
             input_ids=ids,
             attention_mask=attn,
             position_ids=pos,
-            past_key_values=cache,
+            **with_cache(model, cache),
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
@@ -104,7 +121,7 @@ def decode(
                 input_ids=tok[:, None],
                 attention_mask=attn,
                 position_ids=pos,
-                past_key_values=cache,
+                **with_cache(model, cache),
                 use_cache=True,
             ).logits[:, -1]
     n = [int(x) for x in lengths]

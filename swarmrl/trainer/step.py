@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from swarmrl.config import TrainerConfig
+from swarmrl.inference.generation import with_cache
 from swarmrl.toploc.sampling import nucleus_mask
 from swarmrl.trainer import losses
 from swarmrl.trainer.batch import Sample
@@ -144,7 +145,7 @@ def _shared_prompt_logits(model, samples: list[Sample], pad_id: int) -> torch.Te
         p_ids[i, : len(p)] = torch.tensor(p)
         p_attn[i, : len(p)] = 1
     cache = DynamicCache()
-    p_logits = model(input_ids=p_ids, attention_mask=p_attn, past_key_values=cache).logits
+    p_logits = model(input_ids=p_ids, attention_mask=p_attn, **with_cache(model, cache)).logits
     which = torch.tensor(row)
     cache.batch_select_indices(which)  # one row of keys/values per sample (differentiable)
 
@@ -159,7 +160,7 @@ def _shared_prompt_logits(model, samples: list[Sample], pad_id: int) -> torch.Te
         attn[i, width : width + comp_width] = 1  # padding after the completion predicts nothing
         pos[i] = torch.arange(p, p + comp_width)
     c_logits = model(
-        input_ids=c_ids, attention_mask=attn, position_ids=pos, past_key_values=cache
+        input_ids=c_ids, attention_mask=attn, position_ids=pos, **with_cache(model, cache)
     ).logits
     last = p_logits[which, torch.tensor([plen[r] - 1 for r in row])]  # scores token 0
     return torch.cat([last[:, None], c_logits[:, :-1]], dim=1)
