@@ -21,10 +21,6 @@ from swarmrl.errors import UserError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-# Library progress bars (transformers' GGUF conversion uses a bare tqdm) are off by
-# default, read by tqdm when it is imported: a process's log keeps its own lines, and
-# the launcher draws its own bars (with disable=False). TQDM_DISABLE=0 brings them back.
-os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 class ModelLoadError(UserError, RuntimeError):
