@@ -77,10 +77,12 @@ def token_logprobs(
     share: bool = True,
     steady: bool = False,
     top_p: float = 1.0,
+    entropy_grad: bool = False,
 ):
-    """Log-probs [B, T] of each sample's completion tokens (and their entropies), with
-    the mask of real tokens, under the distribution it was sampled from: logits
-    divided by the sample's temperature, renormalised over the nucleus of `top_p`.
+    """Log-probs [B, T] of each sample's completion tokens (and their entropies, with a
+    gradient if `entropy_grad`), with the mask of real tokens, under the distribution
+    it was sampled from: logits divided by the sample's temperature, renormalised
+    over the nucleus of `top_p`.
     With `share`, each distinct prompt runs once (below). `steady`: take the same
     path whatever the batch holds (a sharded model's forward passes are collectives,
     so every rank must make as many)."""
@@ -102,9 +104,10 @@ def token_logprobs(
     logp_all = torch.log_softmax(scaled, dim=-1)
     logp = torch.where(mask, logp_all.gather(-1, targets[:, :, None]).squeeze(-1), 0.0)
     entropy = None
-    if with_entropy:
-        p = logp_all.exp()
-        entropy = -(p * torch.where(p > 0, logp_all, 0.0)).sum(-1)
+    if with_entropy:  # differentiable only where the loss has an entropy term
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            p = logp_all.exp()
+            entropy = -(p * torch.where(p > 0, logp_all, 0.0)).sum(-1)
     return logp, entropy, mask
 
 
@@ -145,7 +148,12 @@ def _shared_prompt_logits(model, samples: list[Sample], pad_id: int) -> torch.Te
         p_ids[i, : len(p)] = torch.tensor(p)
         p_attn[i, : len(p)] = 1
     cache = DynamicCache()
-    p_logits = model(input_ids=p_ids, attention_mask=p_attn, **with_cache(model, cache)).logits
+    # only the logits at each prompt's last position are used: the LM head runs there alone
+    lasts = sorted({p - 1 for p in plen})
+    keep = _logits_at(model, torch.tensor(lasts))
+    p_logits = model(
+        input_ids=p_ids, attention_mask=p_attn, **with_cache(model, cache), **keep
+    ).logits
     which = torch.tensor(row)
     cache.batch_select_indices(which)  # one row of keys/values per sample (differentiable)
 
@@ -159,11 +167,32 @@ def _shared_prompt_logits(model, samples: list[Sample], pad_id: int) -> torch.Te
         attn[i, :p] = 1
         attn[i, width : width + comp_width] = 1  # padding after the completion predicts nothing
         pos[i] = torch.arange(p, p + comp_width)
+    # the last completion position predicts nothing
+    rest = _logits_at(model, torch.arange(comp_width - 1))
     c_logits = model(
-        input_ids=c_ids, attention_mask=attn, position_ids=pos, **with_cache(model, cache)
+        input_ids=c_ids, attention_mask=attn, position_ids=pos, **with_cache(model, cache), **rest
     ).logits
-    last = p_logits[which, torch.tensor([plen[r] - 1 for r in row])]  # scores token 0
-    return torch.cat([last[:, None], c_logits[:, :-1]], dim=1)
+    if not rest:
+        c_logits = c_logits[:, :-1]
+    at = {t: k for k, t in enumerate(lasts)} if keep else {t: t for t in lasts}
+    last = p_logits[which, torch.tensor([at[plen[r] - 1] for r in row])]  # scores token 0
+    return torch.cat([last[:, None], c_logits], dim=1)
+
+
+def _logits_at(model, positions: torch.Tensor) -> dict:
+    """The forward keyword that computes logits at `positions` only (the LM head is a
+    large share of a small model's step), where the model takes it; else nothing."""
+    import inspect
+
+    kind = type(model)
+    takes = _TAKES_LOGITS_TO_KEEP.get(kind)
+    if takes is None:
+        takes = "logits_to_keep" in inspect.signature(kind.forward).parameters
+        _TAKES_LOGITS_TO_KEEP[kind] = takes
+    return {"logits_to_keep": positions} if takes else {}
+
+
+_TAKES_LOGITS_TO_KEEP: dict[type, bool] = {}
 
 
 def _ceil(a: int, b: int) -> int:
@@ -214,7 +243,9 @@ def grpo_update(
     model.eval()  # no dropout in these models; eval keeps old/new log-probs comparable
 
     def logprobs(m, mb, with_entropy=False):
-        return token_logprobs(m, mb, pad_id, with_entropy, share, steady, top_p)
+        return token_logprobs(
+            m, mb, pad_id, with_entropy, share, steady, top_p, cfg.entropy_coef > 0
+        )
 
     def per_chunk(m) -> list[torch.Tensor] | None:
         chunks = _chunks([samples[i] for i in mine], micro)
