@@ -1,67 +1,49 @@
-"""swarmrl vs TRL's GRPOTrainer: same tiny model, task, group size, batch, lengths.
+"""swarmrl vs TRL's GRPOTrainer, each to the same held-out accuracy on the default task.
 
-    .venv/bin/python bench/grpo_vs_trl.py [--max-steps N] [--max-seconds S]
-        [--margin M | --threshold X] [--window W] [--trl-threads K] [--trl-loss-type T]
-        [--full]
+    .venv/bin/python bench/grpo_vs_trl.py [--config configs/default.toml] [--target 0.4]
+        [--snapshot-every 2] [--eval-problems 200] [--max-seconds 420] [--max-steps 60]
+        [--systems trl,swarmrl,swarmrl-unvalidated] [--trl-threads 2] [--seed S]
 
-TRL runs first, in this process; then swarmrl as a user starts it
-(`python -m swarmrl rl`: trainer and workers in their own processes); --swarmrl-first
-swaps the order. One JSON object goes to stdout and bench/results/grpo_vs_trl.json;
-progress goes to stderr.
+The task is `make run`'s: SmolLM2-135M-Instruct (the same GGUF file for both) learning
+2-digit addition on this CPU. What counts is what a researcher would check: greedy
+decoding, exact answers, on `--eval-problems` held-out problems of the eval split at
+the run's fixed difficulty (swarmrl.apps.evaluate, as `make run`'s before/after
+check). The starting model is scored once; each system's policy is saved every
+`--snapshot-every` optimizer steps and scored after its run, in order, until one
+reaches `--target` (and the last one, for the final accuracy).
 
-Shared settings come from the swarmrl config (configs/tiny.toml): model, task, group
-size G, batch_groups B (TRL: B·G completions per step), max_new_tokens, temperature,
-top_p, lr, AdamW betas and weight decay, grad clip, ε, δ, KL coef, seed. TRL also gets
-a constant lr, plain AdamW, no activation checkpointing, one optimizer step per
-generation batch, scale_rewards="group" and, by default, loss_type="dr_grpo": token
-losses summed and divided by B·G·max_new_tokens, which is swarmrl's constant token
-budget ("grpo" averages per sequence first: --trl-loss-type grpo). swarmrl runs with
-curriculum.enabled=false: TRL has no adaptive difficulty, so both train at the task's
-fixed difficulty.
+Systems, run one after another on the same machine:
+- trl: GRPOTrainer in this process with --trl-threads threads, generating with
+  model.generate. Snapshots are written in a step-end callback whose time is taken
+  off TRL's clock.
+- swarmrl: `python -m swarmrl rl` with the config (orchestrator, trainer, relay,
+  validator checking `validator.sample_rate` of the files, workers: each its own
+  process). Snapshots are hard links to the weights the trainer publishes anyway.
+- swarmrl-unvalidated: the same with validator.enabled = false.
 
-Both systems start from the same model file (cfg.model.path; its model.safetensors
-sha256 is recorded under "start"). The threshold is relative to where that model
-starts, because the warm-started model lands differently from machine to machine and a
-fixed threshold can lie below both starting points (then "time to threshold" measures
-start-up alone): threshold = start_reward + --margin, where start_reward is the model's
-mean sampled reward at the run's temperature, as `swarmrl init-model` records it in
-<model>/warm_start.json ("sampled_reward"). --threshold X sets an absolute threshold
-instead. Each system's mean reward over its first --window steps (first_window_reward)
-is reported beside start_reward as a sanity check: the two should roughly agree.
+Shared settings come from the swarmrl config: model, task and prompts (the chat
+template, one user turn), group size G, batch_groups B (TRL: B·G completions per
+step), max_new_tokens, temperature, top_p, lr, AdamW betas and weight decay, grad
+clip, ε, δ, KL coefficient, seed. TRL also gets a constant lr, plain AdamW, no
+activation checkpointing, one optimizer step per generation batch, scale_rewards =
+"group" and loss_type = "dr_grpo" (token losses summed and divided by
+B·G·max_new_tokens: swarmrl's "grpo" loss and its constant token budget).
 
-Per training step, for both systems:
-- reward: mean reward over every completion sampled for the step (TRL: its logged
-  "reward"; swarmrl: metrics.jsonl "reward", every sample of the files read for the
-  step, before zero-advantage groups are dropped). This is the policy's real
-  performance. reward_signal, the mean over the groups with signal only (what each
-  system trains on), is reported beside it.
-- (b) seconds_to_threshold: training time only, the wall clock from the first step's
-  row to the row of the first step at which the mean of `reward` over the last
-  --window steps is >= the threshold. Rows are stamped by this script: TRL's in an
-  on_log callback, swarmrl's when its metrics row appears (polled every 0.1 s). null
-  when not reached within --max-steps / --max-seconds. Start-up is reported apart:
-  startup_s, from the start of the system (TRL: before importing
-  torch/transformers/trl; swarmrl: before starting the subprocess, whose processes
-  import the same) to the first step's row; seconds_to_threshold_incl_startup is the
-  sum. For swarmrl, trainer_elapsed_s (the trainer's own clock, after its model load)
-  is kept per step.
-- (a) tokens: prompt + completion tokens (EOS included) of the samples an update
-  trained on. e2e_tokens_per_s: all of them / wall clock from start to the last step;
-  steady_tokens_per_s: steps 2.. over the time after step 1; update_tokens_per_s:
-  over update time only (swarmrl: the trainer's train_s, which includes its
-  old-log-prob pass; TRL: step time minus generation and scoring).
-Each system stops once it crosses the threshold unless --full is given; --max-seconds
-counts from the system's start, start-up included.
+Reported per system: wall-clock to target, from the system's start (imports and model
+loads included) and from its first step (training alone); steps and samples to
+target (trained: B·G a step for both; generated: swarmrl also samples groups it drops
+for carrying no signal); held-out accuracy at each scored snapshot; update tokens/s
+(prompt + completion tokens trained on / seconds in the update: swarmrl's train_s,
+TRL's step time less generation and scoring). Ratios are TRL over swarmrl for
+times (above 1: swarmrl faster) and swarmrl over TRL for rates.
 
-Fairness caveats. Timings mean little on a busy machine (load averages are
-recorded). swarmrl runs trainer + workers as single-thread processes (3 on 2 cores
-by default); TRL is one process with --trl-threads threads (default 2). swarmrl
-trains on exactly B groups with signal (surplus groups carry to the next step) from
-policies up to async_level versions old; TRL trains on exactly B groups of the
-current policy, zero-advantage ones included. These are
-design differences under test, not settings. TRL normalises advantages by the sample
-std (swarmrl: population std) and samples with model.generate. The second system
-runs with the OS file cache already warm.
+Design differences under test, not settings: swarmrl runs trainer and each worker
+as single-thread processes sharing the cores, overlaps generation with training,
+trains on exactly B groups with signal from policies up to `async_level` versions
+old (corrected by importance weights against the worker's log-probs), and checks
+rollouts; TRL generates and trains in turn on the current policy, zero-advantage
+groups included. One JSON object goes to stdout and bench/results/grpo_vs_trl.json;
+progress goes to stderr. Timings on a shared machine are noisy: read the ratios.
 """
 
 from __future__ import annotations
@@ -70,6 +52,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,96 +63,31 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-from benchproc import sha256_file  # noqa: E402
-
-SW_KEEP = ("samples", "groups", "wait_s", "staleness", "dropped_groups", "stale_files")
+SYSTEMS = ("trl", "swarmrl", "swarmrl-unvalidated")
 
 
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def mean(xs):
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
+def rnd(x, n=4):
+    return None if x is None else round(x, n)
 
 
-def read_start(cfg, config_file: str) -> dict:
-    """The starting model's identity and its mean sampled reward, from warm_start.json."""
-    model = Path(cfg.model.path)
-    rebuild = (
-        f"rebuild the model with `swarmrl init-model --task {cfg.task.name} --out {model} "
-        f"--config {config_file}` (`make run` does it)"
-    )
-    ws = model / "warm_start.json"
-    info = json.loads(ws.read_text()) if ws.is_file() else {}
-    missing = [k for k in ("sampled_reward", "temperature") if info.get(k) is None]
-    if missing:
-        what = f"{ws} is missing" if not ws.is_file() else f"{ws} has no {', '.join(missing)}"
-        sys.exit(f"{what}: the threshold is relative to the starting reward; {rebuild}")
-    if abs(info["temperature"] - cfg.sampling.temperature) > 1e-9:
-        sys.exit(
-            f"{ws} records the sampled reward at temperature {info['temperature']}, the run "
-            f"samples at {cfg.sampling.temperature}; {rebuild}"
-        )
-    weights = model / "model.safetensors"
-    if not weights.is_file():
-        sys.exit(f"{weights} is missing; {rebuild}")
-    return {
-        "model": str(model),
-        "model_sha256": sha256_file(weights),
-        "start_reward": float(info["sampled_reward"]),
-        "temperature": info["temperature"],
-    }
+def score(cfg, args, model: str) -> dict:
+    """Held-out greedy exact accuracy of the model directory `model` (or the config's)."""
+    from swarmrl.apps.evaluate import evaluate
+
+    res = evaluate(
+        model, cfg.task, args.eval_problems, cfg.sampling.max_new_tokens,
+        level=cfg.curriculum.start_level, threads=args.eval_threads,
+    )  # fmt: skip
+    return {"accuracy": res["accuracy"], "seconds": round(res["seconds"], 1)}
 
 
-def crossing(rows: list[dict], threshold: float, window: int) -> int | None:
-    """Index of the first row whose trailing `window`-step mean reward is >= threshold."""
-    for i in range(window - 1, len(rows)):
-        m = mean(r["reward"] for r in rows[i - window + 1 : i + 1])
-        if m is not None and m >= threshold:
-            return i
-    return None
-
-
-def summarize(rows: list[dict], args, threshold: float) -> dict:
-    def rnd(x, n=4):
-        return None if x is None else round(x, n)
-
-    if not rows:
-        return {"steps": 0, "reached_threshold": False, "seconds_to_threshold": None}
-    i = crossing(rows, threshold, args.window)
-    tokens, wall = sum(r["tokens"] for r in rows), rows[-1]["wall_s"]
-    startup = rows[0]["wall_s"]
-    after_first = rows[-1]["wall_s"] - startup
-    return {
-        "steps": len(rows),
-        "reached_threshold": i is not None,
-        "seconds_to_threshold": None if i is None else rnd(rows[i]["wall_s"] - startup, 2),
-        "seconds_to_threshold_incl_startup": None if i is None else rnd(rows[i]["wall_s"], 2),
-        "steps_to_threshold": None if i is None else rows[i]["step"],
-        "startup_s": rnd(startup, 2),
-        "wall_s": rnd(wall, 2),
-        "first_window_reward": rnd(mean(r["reward"] for r in rows[: args.window])),
-        "first5_reward": rnd(mean(r["reward"] for r in rows[:5])),
-        "last5_reward": rnd(mean(r["reward"] for r in rows[-5:])),
-        "first5_reward_signal": rnd(mean(r["reward_signal"] for r in rows[:5])),
-        "last5_reward_signal": rnd(mean(r["reward_signal"] for r in rows[-5:])),
-        "trained_tokens": tokens,
-        "trained_samples": sum(r["samples"] for r in rows),
-        "e2e_tokens_per_s": rnd(tokens / wall, 1),
-        "steady_tokens_per_s": rnd((tokens - rows[0]["tokens"]) / after_first, 1)
-        if after_first > 0
-        else None,
-        "update_tokens_per_s": rnd(tokens / sum(r["update_s"] for r in rows), 1),
-        "per_step": [{k: rnd(v) if type(v) is float else v for k, v in r.items()} for r in rows],
-    }
-
-
-def run_trl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
-    t0 = time.time()  # before the heavy imports: swarmrl's clock includes its processes' imports
+def run_trl(cfg, args, snaps: Path) -> dict:
+    """GRPOTrainer for up to --max-steps / --max-seconds; a snapshot every K steps."""
+    t0 = time.time()  # before the heavy imports: swarmrl's clock includes its processes' own
     import torch
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
@@ -190,18 +108,15 @@ def run_trl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
     else:
         prompts = [p + "\n" for p in prompts]
     data = Dataset.from_dict({"prompt": prompts, "problem_index": list(range(n))})
-    signal_reward, gen_s, rows = [], [], []  # one entry per generation batch = per step
+    gen_s, rows, paused = [], [], [0.0]
 
     def reward_fn(completions, problem_index, **_):
         if completions and not isinstance(completions[0], str):  # conversational
             completions = [c[-1]["content"] for c in completions]
-        r = [
+        return [
             verify(source.get("train", i), c)
             for i, c in zip(problem_index, completions, strict=True)
         ]
-        groups = [r[k : k + G] for k in range(0, len(r), G)]  # a prompt's G samples are adjacent
-        signal_reward.append(mean(x for g in groups if max(g) - min(g) > 1e-9 for x in g))
-        return r
 
     class TimedTrainer(GRPOTrainer):
         def _generate_and_score_completions(self, *a, **kw):
@@ -220,29 +135,39 @@ def run_trl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
             if not logs or "reward" not in logs:
                 return
             now, seen = time.time(), int(logs["num_tokens"])
-            row = {"step": state.global_step, "wall_s": now - t0, "reward": logs["reward"]}
-            row |= {"reward_signal": signal_reward[-1], "tokens": seen - self.tokens_seen}
-            row |= {"update_s": now - self.step_start - gen_s[-1], "samples": B * G}
-            rows.append(row)
+            step = state.global_step
+            rows.append({
+                "step": step, "wall_s": now - t0 - paused[0], "reward": logs["reward"],
+                "tokens": seen - self.tokens_seen, "update_s": now - self.step_start - gen_s[-1],
+                "generated": B * G,
+            })  # fmt: skip
             self.tokens_seen = seen
-            log(f"trl step {row['step']}: reward {row['reward'] or 0:.3f} t={row['wall_s']:.1f}s")
-            crossed = crossing(rows, threshold, args.window) is not None
-            if (crossed and not args.full) or now - t0 > args.max_seconds:
+            log(f"trl step {step}: reward {logs['reward']:.3f} t={rows[-1]['wall_s']:.0f}s")
+            if step % args.snapshot_every == 0:
+                s = time.time()
+                trainer.model.save_pretrained(snaps / f"step_{step:06d}")
+                tok.save_pretrained(snaps / f"step_{step:06d}")
+                paused[0] += time.time() - s  # off the clock: swarmrl publishes anyway
+            if now - t0 - paused[0] > args.max_seconds:
                 control.should_training_stop = True
 
-    k = tc.optimizer_steps  # swarmrl's optimizer steps per rollout batch
-    # transformers below 5.20 (as vLLM pins it) has gradient_checkpointing only, off by default
+    # transformers below 5.20 (vLLM's pin) calls it gradient_checkpointing, on in GRPOConfig
     fields = GRPOConfig.__dataclass_fields__
-    no_ckpt = {"activation_checkpointing": False} if "activation_checkpointing" in fields else {}
+    ckpt = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing"
+    )
+    k = tc.optimizer_steps  # swarmrl's optimizer steps per rollout batch
     gcfg = GRPOConfig(
-        output_dir=str(tmp / "trl"), use_cpu=True, bf16=False, **no_ckpt,
+        output_dir=str(snaps.parent / "trl-out"), use_cpu=True, bf16=False, **{ckpt: False},
         num_generations=G, per_device_train_batch_size=B * G // k, steps_per_generation=k,
         gradient_accumulation_steps=1, num_iterations=1,
         max_completion_length=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
         top_p=cfg.sampling.top_p, top_k=0, learning_rate=tc.lr, lr_scheduler_type="constant",
         warmup_steps=0, optim="adamw_torch", adam_beta1=tc.betas[0], adam_beta2=tc.betas[1],
         weight_decay=tc.weight_decay, max_grad_norm=tc.grad_clip, beta=tc.kl_coef,
-        epsilon=tc.epsilon, delta=tc.delta, loss_type=args.trl_loss_type, scale_rewards="group",
+        epsilon=tc.epsilon, delta=tc.delta, loss_type="dr_grpo", scale_rewards="group",
         max_steps=args.max_steps, logging_steps=1, report_to="none", save_strategy="no",
         seed=cfg.seed, disable_tqdm=True,
     )  # fmt: skip
@@ -254,17 +179,21 @@ def run_trl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
     trainer.remove_callback(PrinterCallback)  # it prints each log dict to stdout
     with contextlib.redirect_stdout(sys.stderr):
         trainer.train()
-    return rows
+    return {"rows": rows, "threads": args.trl_threads}
 
 
-def run_swarmrl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
-    runs_dir = tmp / "swarmrl"
-    run_dir, launcher_log = runs_dir / cfg.name, tmp / "swarmrl-launcher.log"
-    metrics = run_dir / "metrics.jsonl"
+def run_swarmrl(cfg, args, snaps: Path, validated: bool) -> dict:
+    """`swarmrl rl` for up to --max-steps / --max-seconds; its published weights every K
+    steps hard-linked aside before the trainer deletes them."""
+    runs_dir = snaps.parent / "runs"
+    run_dir, launcher_log = runs_dir / cfg.name, snaps.parent / "launcher.log"
+    metrics, weights = run_dir / "metrics.jsonl", run_dir / "weights"
     cmd = [sys.executable, "-m", "swarmrl", "rl", "--config", args.config, "--fresh"]
-    cmd += [f"runs_dir={runs_dir}", f"trainer.steps={args.max_steps}"]
-    cmd += ["curriculum.enabled=false"]  # fixed difficulty, as TRL trains
-    rows, stopped = [], False
+    cmd += [f"runs_dir={runs_dir}", f"trainer.steps={args.max_steps}", f"seed={cfg.seed}"]
+    cmd += ["launcher.eval_problems=0", f"trainer.max_minutes={args.max_seconds / 60 + 10}"]
+    if not validated:
+        cmd += ["validator.enabled=false"]
+    rows, linked, stopped = [], set(), False
     with open(launcher_log, "wb") as out:
         t0 = time.time()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -273,76 +202,120 @@ def run_swarmrl(cfg, args, threshold: float, tmp: Path) -> list[dict]:
             # complete lines only: a row being appended has no newline yet
             lines = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
             for m in map(json.loads, lines[len(rows) :]):
-                row = {"step": m["step"], "wall_s": time.time() - t0, "reward": m["reward"]}
-                row |= {"reward_signal": m["reward_trained"]}
-                row |= {"tokens": round(m["tokens_per_s"] * m["train_s"])}
-                row |= {"update_s": m["train_s"], "trainer_elapsed_s": m["elapsed_s"]}
-                row |= {k: m[k] for k in SW_KEEP}
-                rows.append(row)
-                log(f"swarmrl step {m['step']}: reward {m['reward']:.3f} t={row['wall_s']:.1f}s")
+                rows.append({
+                    "step": m["step"], "wall_s": time.time() - t0, "reward": m["reward"],
+                    "tokens": round(m["tokens_per_s"] * m["train_s"]), "update_s": m["train_s"],
+                    "generated": m["samples_read"], "staleness": m["staleness"],
+                    "mismatch_kl": m.get("mismatch_kl"),
+                })  # fmt: skip
+                log(
+                    f"swarmrl step {m['step']}: reward {m['reward']:.3f} t={rows[-1]['wall_s']:.0f}s"
+                )
+            for d in weights.glob("step_*") if weights.exists() else ():
+                v = int(d.name[5:])
+                if v and v % args.snapshot_every == 0 and v not in linked:
+                    if (d / "manifest.json").exists():  # written last: the version is whole
+                        with contextlib.suppress(FileNotFoundError):
+                            shutil.copytree(d, snaps / d.name, copy_function=os.link)
+                            linked.add(v)
             if not alive:
                 break
-            crossed = crossing(rows, threshold, args.window) is not None
-            if not stopped and ((crossed and not args.full) or time.time() - t0 > args.max_seconds):
-                proc.send_signal(signal.SIGINT)  # the launcher stops trainer and workers cleanly
+            if not stopped and time.time() - t0 > args.max_seconds:
+                proc.send_signal(signal.SIGINT)  # the launcher stops its processes cleanly
                 stopped = True
             time.sleep(0.1)
     if proc.returncode != 0 and not (stopped and proc.returncode == 130):
         tail = launcher_log.read_text(errors="replace")[-3000:]
         sys.exit(f"swarmrl exited with code {proc.returncode}:\n{tail}")
-    return rows
+    return {"rows": rows, "validated": validated}
+
+
+def to_target(cfg, args, rows: list[dict], snaps: Path, target: float) -> dict:
+    """Score the snapshots in step order until one reaches the target, then the last."""
+    by_step = {r["step"]: r for r in rows}
+    steps = sorted(int(d.name[5:]) for d in snaps.glob("step_*") if int(d.name[5:]) in by_step)
+    scored, hit = {}, None
+    for s in steps:
+        scored[s] = score(cfg, args, str(snaps / f"step_{s:06d}"))
+        log(f"  step {s}: held-out exact {scored[s]['accuracy']:.3f}")
+        if scored[s]["accuracy"] >= target:
+            hit = s
+            break
+    if steps and steps[-1] not in scored:
+        scored[steps[-1]] = score(cfg, args, str(snaps / f"step_{steps[-1]:06d}"))
+        log(f"  step {steps[-1]} (last): held-out exact {scored[steps[-1]]['accuracy']:.3f}")
+    B, G = cfg.trainer.batch_groups, cfg.worker.group_size
+    first = rows[0]["wall_s"] if rows else None
+    out = {
+        "steps": len(rows),
+        "reached_target": hit is not None,
+        "held_out": [{"step": s, **scored[s]} for s in sorted(scored)],
+        "final_accuracy": scored[max(scored)]["accuracy"] if scored else None,
+        "startup_s": rnd(first, 1),
+    }
+    if hit is not None:
+        r = by_step[hit]
+        upto = [x for x in rows if x["step"] <= hit]
+        out |= {
+            "steps_to_target": hit,
+            "seconds_to_target": rnd(r["wall_s"], 1),
+            "seconds_to_target_training": rnd(r["wall_s"] - first, 1),
+            "samples_to_target_trained": hit * B * G,
+            "samples_to_target_generated": sum(x["generated"] for x in upto),
+        }
+    tokens, upd = sum(r["tokens"] for r in rows), sum(r["update_s"] for r in rows)
+    out["update_tokens_per_s"] = rnd(tokens / upd, 1) if upd else None
+    out["e2e_trained_tokens_per_s"] = rnd(tokens / rows[-1]["wall_s"], 1) if rows else None
+    out["per_step"] = [{k: rnd(v) if type(v) is float else v for k, v in r.items()} for r in rows]
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="configs/tiny.toml")
-    p.add_argument("--max-steps", type=int, default=300, help="per system")
-    p.add_argument("--max-seconds", type=float, default=400.0, help="per system")
-    p.add_argument(
-        "--margin", type=float, default=0.10,
-        help="threshold = the starting model's mean sampled reward + this",
-    )  # fmt: skip
-    p.add_argument(
-        "--threshold", type=float, default=None,
-        help="absolute mean reward to reach (overrides --margin)",
-    )  # fmt: skip
-    p.add_argument("--window", type=int, default=5, help="steps in the rolling mean")
+    p.add_argument("--config", default="configs/default.toml")
+    p.add_argument("--target", type=float, default=0.40, help="held-out greedy exact accuracy")
+    p.add_argument("--snapshot-every", type=int, default=2, help="optimizer steps")
+    p.add_argument("--eval-problems", type=int, default=200)
+    p.add_argument("--eval-threads", type=int, default=2)
+    p.add_argument("--max-seconds", type=float, default=420.0, help="per system, start-up in")
+    p.add_argument("--max-steps", type=int, default=60, help="per system")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--trl-threads", type=int, default=2)
-    p.add_argument("--trl-loss-type", default="dr_grpo", choices=["dr_grpo", "grpo", "bnpo"])
-    p.add_argument("--swarmrl-first", action="store_true", help="run swarmrl before TRL")
-    p.add_argument("--full", action="store_true", help="run on after reaching the threshold")
+    p.add_argument("--seed", type=int, default=None, help="overrides the config's")
     p.add_argument("--out", default="bench/results/grpo_vs_trl.json")
     args = p.parse_args()
     os.chdir(ROOT)
     from swarmrl.config import load_config
 
-    cfg = load_config(args.config)
-    if not (Path(cfg.model.path) / "config.json").is_file():
-        sys.exit(
-            f"model {cfg.model.path} is missing: build it with `make run` or `swarmrl "
-            f"init-model --task {cfg.task.name} --out {cfg.model.path}`"
-        )
+    overrides = [] if args.seed is None else [f"seed={args.seed}"]
+    cfg = load_config(args.config, overrides)
+    systems = [s for s in args.systems.split(",") if s]
+    if unknown := set(systems) - set(SYSTEMS):
+        sys.exit(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     if cfg.length_reward.mode != "none" or cfg.trainer.entropy_coef > 0:
         sys.exit("length rewards and the entropy bonus have no TRL counterpart here; turn them off")
-    start = read_start(cfg, args.config)
-    relative = args.threshold is None
-    threshold = start["start_reward"] + args.margin if relative else args.threshold
-    log(f"start reward {start['start_reward']:.3f}, threshold {threshold:.3f}")
-    order = ["swarmrl", "trl"] if args.swarmrl_first else ["trl", "swarmrl"]
-    load_before, res = os.getloadavg(), {}
+    if cfg.curriculum.enabled:
+        sys.exit("the curriculum changes the difficulty, TRL trains at one: disable it")
+    load_before = os.getloadavg()
+    log(f"scoring the starting model on {args.eval_problems} held-out problems")
+    start = score(cfg, args, cfg.model.path)
+    log(f"start: held-out exact {start['accuracy']:.3f}; target {args.target}")
+    res = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as d:
-        for name in order:
+        for name in systems:
+            work = Path(d) / name
+            (work / "snaps").mkdir(parents=True)
             log(f"{name}: up to {args.max_steps} steps / {args.max_seconds:.0f}s")
-            rows = (run_trl if name == "trl" else run_swarmrl)(cfg, args, threshold, Path(d))
-            res[name] = summarize(rows, args, threshold)
-            first = res[name].get("first_window_reward")
-            log(
-                f"{name}: first {args.window} steps' mean reward "
-                f"{'n/a' if first is None else f'{first:.3f}'} "
-                f"(start reward {start['start_reward']:.3f})"
-            )
-            if not res[name]["reached_threshold"]:
-                log(f"{name} did not reach the threshold {threshold:.3f} within its caps")
+            if name == "trl":
+                run = run_trl(cfg, args, work / "snaps")
+            else:
+                run = run_swarmrl(cfg, args, work / "snaps", validated=name == "swarmrl")
+            rows = run.pop("rows")
+            if not rows:
+                sys.exit(f"{name} trained no step within {args.max_seconds:.0f}s")
+            log(f"{name}: {len(rows)} steps; scoring its snapshots")
+            res[name] = run | to_target(cfg, args, rows, work / "snaps", args.target)
+            shutil.rmtree(work / "snaps")
     import torch
     import transformers
     import trl
@@ -350,8 +323,19 @@ def main() -> None:
     def ratio(a, b):
         return round(a / b, 3) if a is not None and b else None
 
-    sw, tr = res["swarmrl"], res["trl"]
-    b_ratio = ratio(tr["seconds_to_threshold"], sw["seconds_to_threshold"])
+    ratios = {}
+    if "trl" in res:
+        tr = res["trl"]
+        for name in (s for s in systems if s != "trl"):
+            sw = res[name]
+            ratios[name] = {
+                f"{k}_trl_over_swarmrl": ratio(tr.get(k), sw.get(k))
+                for k in ("seconds_to_target", "seconds_to_target_training",
+                          "samples_to_target_trained", "samples_to_target_generated")
+            } | {
+                f"{k}_swarmrl_over_trl": ratio(sw.get(k), tr.get(k))
+                for k in ("update_tokens_per_s", "e2e_trained_tokens_per_s")
+            }  # fmt: skip
     result = {
         "machine": {
             "nproc": os.cpu_count(),
@@ -359,31 +343,23 @@ def main() -> None:
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "versions": {m.__name__: m.__version__ for m in (torch, transformers, trl)},
         },
-        "order": order,
-        "config": {"file": args.config, **cfg.model_dump(mode="json")},
+        "config": {
+            "file": args.config,
+            "seed": cfg.seed,
+            "model": cfg.model.path,
+            "task": cfg.task.name,
+            "digits": cfg.task.digits,
+        },  # fmt: skip
         "settings": {k: v for k, v in vars(args).items() if k not in ("config", "out")},
-        "start": {
-            **start,
-            "first_window_reward": {n: res[n].get("first_window_reward") for n in order},
-        },
-        "threshold": {
-            "value": round(threshold, 4),
-            "rule": "start_reward + margin" if relative else "absolute (--threshold)",
-            "margin": args.margin if relative else None,
-            "window": args.window,
-            "metric": "mean over the last `window` steps of the step's mean reward over all samples",
-        },
-        "trl": tr,
-        "swarmrl": sw,
-        "ratios": {
-            "seconds_to_threshold_trl_over_swarmrl": b_ratio,
-            "goal_swarmrl_1.5x_faster_to_threshold": None if b_ratio is None else b_ratio >= 1.5,
-            "startup_s_swarmrl_over_trl": ratio(sw.get("startup_s"), tr.get("startup_s")),
-            **{
-                f"{k}_swarmrl_over_trl": ratio(sw.get(k), tr.get(k))
-                for k in ("e2e_tokens_per_s", "steady_tokens_per_s", "update_tokens_per_s")
-            },
-        },
+        "held_out": {
+            "problems": args.eval_problems,
+            "decoding": "greedy",
+            "metric": "exact",
+            "start_accuracy": start["accuracy"],
+            "target": args.target,
+        },  # fmt: skip
+        **res,
+        "ratios": ratios,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
