@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from swarmrl.config.base import Section
 
@@ -110,6 +110,48 @@ class OrchestratorConfig(Section):
         le=86400.0,
         description="Time a node has to upload an assignment before it is re-issued.",
     )
+    min_assignment_s: float = Field(
+        60.0,
+        gt=0.0,
+        le=86400.0,
+        description="Shortest deadline of an assignment, and the first wait after one expires "
+        "(doubling with each further expiry, up to assignment_s).",
+    )
+    assignment_slack: float = Field(
+        4.0,
+        ge=1.0,
+        le=1000.0,
+        description="An assignment's deadline: this many times what the node's reported "
+        "speed needs for it, within [min_assignment_s, assignment_s].",
+    )
+    late_grace_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=86400.0,
+        description="Time beyond assignment_slack x its reported generation time a node may "
+        "take to submit (loading, upload) before the file counts as late (as an expiry).",
+    )
+    probation_files: int = Field(
+        2,
+        ge=0,
+        le=1000,
+        description="Files of a new worker a validator must accept before it leaves probation "
+        "(on probation: every file validated, work from a pool shared by all new workers). "
+        "0: no probation.",
+    )
+    probation_groups: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="Groups all workers on probation may hold at once, apart from proven "
+        "workers' share (0: trainer.batch_groups, at least worker.groups_per_file).",
+    )
+    trusted_workers: list[str] = Field(
+        default_factory=list,
+        max_length=100_000,
+        description="Worker keys (hex) the operator vouches for: no probation "
+        "(`swarmrl rl` lists its own workers).",
+    )
     file_seconds: float = Field(
         600.0,
         gt=0.0,
@@ -133,9 +175,29 @@ class OrchestratorConfig(Section):
         le=86400.0,
         description="Time a validator holds a file; then it goes to another validator.",
     )
+    relay_networks: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Networks (CIDR) a registered relay's address may lie in besides public "
+        "addresses, e.g. 10.0.0.0/8 inside a cluster or 127.0.0.0/8 on one machine. "
+        "Otherwise loopback, link-local, private, multicast and reserved addresses are "
+        "refused, so that no key can aim workers at them.",
+    )
     relay_reports: int = Field(
         2,
         ge=1,
         le=1000,
         description="Distinct nodes reporting a relay before it stops being advertised.",
     )
+
+    @field_validator("relay_networks")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for net in v:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"{net!r} is not a network in CIDR notation") from None
+        return v

@@ -92,10 +92,11 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, fresh: bool) -> Path:
     return run
 
 
-def _orchestrator_setup(cfg: RunConfig, base: list[str], cfg_args: list[str]):
-    """The orchestrator process, its URL, and the overrides that point every process at it."""
+def _orchestrator_setup(cfg: RunConfig, base: list[str], cfg_args: list[str], nodes: list[str]):
+    """The orchestrator process, its URL, and the overrides that point every process at it.
+    The launcher's own `nodes` get their keys here and are trusted (no probation)."""
     from swarmrl.orchestrator.server import operator_token
-    from swarmrl.protocol.identity import public_key_hex
+    from swarmrl.protocol.identity import load_or_create_key, public_key_hex
     from swarmrl.trainer.loop import trainer_key
 
     o = cfg.orchestrator
@@ -106,6 +107,9 @@ def _orchestrator_setup(cfg: RunConfig, base: list[str], cfg_args: list[str]):
     own = [f"orchestrator.port={port}"]
     if not o.trainer_keys:
         own.append("orchestrator.trainer_keys=" + json.dumps([public_key_hex(trainer_key(cfg))]))
+    homes = [cfg.run_dir / "nodes" / name for name in nodes]
+    trusted = [public_key_hex(load_or_create_key(h / "node.key")) for h in homes]
+    own.append("orchestrator.trusted_workers=" + json.dumps(list(o.trusted_workers) + trusted))
     argv = base + ["orchestrator", *cfg_args, *own, *extra]
     log_path = cfg.paths.logs / "orchestrator.log"
     restarts = cfg.launcher.max_worker_restarts  # on the same port, from its database
@@ -199,7 +203,9 @@ def plan_swarm(
         extra, relays = _shardcast_setup(cfg, base, cfg_args)
         cfg_args = cfg_args + extra
     cfg_args = cfg_args + _validator_setup(cfg)
-    orchestrator, url, extra = _orchestrator_setup(cfg, base, cfg_args)
+    names = [f"worker-{i}" for i in range(cfg.launcher.workers)]
+    names += [f"cheater-{i}" for i in range(len(cheat_kinds))]
+    orchestrator, url, extra = _orchestrator_setup(cfg, base, cfg_args, names)
     cfg_args = cfg_args + extra
     for r in relays:
         r.argv += extra

@@ -34,8 +34,9 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 
-from swarmrl.orchestrator import files, mismatch, nodes, work
+from swarmrl.orchestrator import files, mismatch, nodes, relays, work
 from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
 from swarmrl.orchestrator.auth import (
     Caller,
@@ -66,6 +67,9 @@ from swarmrl.orchestrator.service import ApiError, Service
 log = logging.getLogger("swarmrl.orchestrator")
 
 ERRORS = {
+    400: {
+        "description": "Body not strict JSON (NaN, Infinity, a number beyond a double, a lone surrogate)"
+    },
     401: {
         "description": "Not authenticated: bad or missing signature, stale timestamp, reused nonce"
     },
@@ -108,12 +112,78 @@ def public_params(svc: Service) -> dict:
     }
 
 
+class CheckedRoute(APIRoute):
+    """A route that authenticates before it reads the body, and reads JSON strictly.
+
+    FastAPI decodes a JSON body before it runs any dependency, so an unsigned
+    request with a broken body would learn 422 (and the schema) before it was
+    refused. Here the caller is checked first (a signed route: the signature and
+    role, 401/403; an operator route: the token, 401) and kept on
+    `request.state.caller`; then a JSON body must be strict JSON (`strict_json`:
+    no NaN, no infinity, no lone surrogate, 400) before FastAPI validates it."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+        check = next(
+            (d.call for d in self.dependant.dependencies if hasattr(d.call, "authenticate")),
+            None,
+        )
+        has_body = self.body_field is not None
+
+        async def checked(request: Request) -> Response:
+            if check is not None:
+                request.state.caller = await check.authenticate(request)
+            if has_body:
+                strict_json(await request.body())
+            return await handler(request)
+
+        return checked
+
+
+def strict_json(body: bytes) -> None:
+    """ApiError 400 unless `body` is JSON that any JSON reader reads the same way:
+    UTF-8, no NaN or Infinity (Python's reader takes them, the standard does not),
+    no number too large for a double, no unpaired surrogate in a string."""
+    import json
+    import math
+
+    def refuse(what: str):
+        raise ApiError(400, f"the body is not strict JSON: {what}")
+
+    def no_constant(name: str):
+        refuse(f"{name} is not a JSON number")
+
+    def finite(text: str) -> float:
+        x = float(text)
+        if not math.isfinite(x):
+            refuse(f"the number {text[:40]} does not fit a double")
+        return x
+
+    try:
+        stack = [json.loads(body.decode("utf-8"), parse_constant=no_constant, parse_float=finite)]
+    except UnicodeDecodeError:
+        refuse("not UTF-8")
+    except RecursionError:
+        refuse("nested too deeply")
+    except ValueError:
+        return  # not JSON at all: FastAPI's validation names the error (422)
+    while stack:  # a \\uD800 escape unescapes to a lone surrogate, which UTF-8 cannot encode
+        x = stack.pop()
+        texts = [x] if isinstance(x, str) else list(x) if isinstance(x, dict) else []
+        try:
+            for t in texts:
+                t.encode("utf-8")
+        except UnicodeEncodeError:
+            refuse("a string holds an unpaired surrogate")
+        stack.extend(x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())
+
+
 class Signed:
     """What the signed routes share: one FastAPI dependency per role, which
     yields the caller after the signature (401) and role (403) checks, and
     `call`, which runs an operation on the database threads.
 
-    Dependencies run before the body is validated, so an unauthenticated
+    CheckedRoute runs the check before the body is read, so an unauthenticated
     caller learns nothing about the schema."""
 
     def __init__(self, svc: Service, pool: ThreadPoolExecutor) -> None:
@@ -126,9 +196,14 @@ class Signed:
         self.anyone = Depends(self._signed_by(None))
 
     def _signed_by(self, role: str | None, live: bool = False):
-        async def dependency(request: Request) -> Caller:
+        async def check(request: Request) -> Caller:
             return await authenticate(self.svc, request, role, live)
 
+        async def dependency(request: Request) -> Caller:
+            caller = getattr(request.state, "caller", None)
+            return caller if caller is not None else await check(request)
+
+        dependency.authenticate = check  # CheckedRoute runs it before reading the body
         return dependency
 
     async def call(self, caller: Caller, fn, *args):
@@ -184,8 +259,21 @@ async def _invalid_body(_request, e: RequestValidationError):
     """422 naming each bad field, without echoing its input: a NaN or an infinity (which
     Python's JSON reader accepts) cannot be written back as JSON, and FastAPI's own
     handler would fail on it with a 500."""
-    errors = [{"loc": list(x["loc"]), "msg": x["msg"], "type": x["type"]} for x in e.errors()]
+    errors = [
+        {"loc": [_printable(p) for p in x["loc"]], "msg": _printable(x["msg"]),
+         "type": _printable(x["type"])}
+        for x in e.errors()
+    ]  # fmt: skip
     return JSONResponse({"detail": errors}, status_code=422)
+
+
+def _printable(part):
+    """A location or message part safe to write back: an int as it is, anything else
+    as text of at most 100 characters that UTF-8 can encode."""
+    if type(part) is int:
+        return part
+    text = str(part)[:100]
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
@@ -199,6 +287,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
         description="Admits untrusted nodes by key, assigns work, keeps the ledger.",
         lifespan=_lifespan(svc, pool, sweep_every_s),
     )
+    app.router.route_class = CheckedRoute
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     signed = Signed(svc, pool)
@@ -260,6 +349,10 @@ def _node_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
             raise ApiError(422, "a worker must send its hardware report")
         if body.role == "relay" and not body.url:
             raise ApiError(422, "a relay must send its URL")
+        if body.role == "relay":  # resolved off the event loop: a name lookup may wait
+            await asyncio.get_running_loop().run_in_executor(
+                signed.pool, relays.check, body.url, svc.cfg.orchestrator.relay_networks
+            )
         hw = body.hardware.model_dump() if body.hardware else {}
         return await call(caller, nodes.register, svc, caller.key, body.role, hw, body.url)
 
@@ -348,6 +441,8 @@ def _operator_routes(app: FastAPI, svc: Service) -> None:
     async def operator(request: Request) -> None:
         require_operator(svc, request)
 
+    operator.authenticate = operator  # CheckedRoute: the token before the body
+
     as_operator = Depends(operator)
 
     @app.get("/v1/admin/nodes", responses=ERRORS)
@@ -382,10 +477,15 @@ def _object_routes(app: FastAPI, svc: Service, store: LocalObjectStore) -> None:
     @app.put("/objects/{key:path}", responses=ERRORS)
     async def put_object(key: str, request: Request) -> dict:
         try:
+            query = dict(request.query_params)
             size, digest = store.check_upload(
-                key, dict(request.query_params), request.headers.get("content-length"),
-                svc.clock(),
+                key, query, request.headers.get("content-length"), svc.clock(),
             )  # fmt: skip
+            with svc.db.tx() as cur:  # a URL granted before its node was ejected stops here
+                row = cur.execute("SELECT state FROM nodes WHERE key = ?", (query["node"],))
+                state = row.fetchone()
+            if state is None or state[0] in ("ejected", "banned"):
+                raise ObjectError(403, "the node this URL was granted to may no longer upload")
             await store.receive(key, size, digest, request.stream())
         except ObjectError as e:
             raise ApiError(e.status, e.detail) from None

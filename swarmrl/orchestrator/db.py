@@ -73,6 +73,8 @@ SCHEMA = [
     " checked INTEGER NOT NULL, tokens BIGINT NOT NULL, kl DOUBLE PRECISION NOT NULL,"
     " truncated DOUBLE PRECISION NOT NULL, files BIGINT NOT NULL,"
     " PRIMARY KEY (step, node, checked))",
+    "CREATE TABLE IF NOT EXISTS standing (node TEXT PRIMARY KEY, proven BIGINT NOT NULL,"
+    " expired BIGINT NOT NULL, last_expired DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS suspects (node TEXT PRIMARY KEY, time DOUBLE PRECISION NOT NULL,"
     " step BIGINT NOT NULL, detail TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS events (id {autoid}, time DOUBLE PRECISION NOT NULL,"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+from swarmrl.orchestrator.admission import record_proof
 from swarmrl.orchestrator.mismatch import recheck_unconsumed
 from swarmrl.orchestrator.nodes import event, punish
 from swarmrl.orchestrator.service import ApiError, Service
@@ -104,6 +105,7 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
                 "UPDATE files SET state = 'accepted', checked = 1, verdict = ? WHERE key = ?",
                 (blob, v.key),
             )
+            record_proof(cur, node)  # admission.py: a step out of probation
             return {"state": "accepted"}
         cur.execute(
             "UPDATE files SET state = 'rejected', checked = 1, verdict = ?, check_name = ?,"

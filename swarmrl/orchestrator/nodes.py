@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 
+from swarmrl.orchestrator.admission import record_expiry
 from swarmrl.orchestrator.service import ApiError, Service
 
 LIVE = ("registered", "healthy", "unhealthy")
@@ -107,6 +108,16 @@ def touch(svc: Service, cur, key: str) -> str:
     return "healthy"
 
 
+def require_worker(cur, key: str) -> None:
+    """403 unless `key` is registered as a worker: assignments, upload URLs and
+    submissions are a worker's, whatever else a key registered as."""
+    row = cur.execute("SELECT role FROM nodes WHERE key = ?", (key,)).fetchone()
+    if row is None:
+        raise ApiError(403, "not registered: POST /v1/nodes/register first")
+    if row[0] != "worker":
+        raise ApiError(403, f"this key is registered as a {row[0]}; work is for workers")
+
+
 def sweep(svc: Service) -> dict:
     """Apply silence: healthy → unhealthy → dead; a dead node's open work is orphaned."""
     o = svc.cfg.orchestrator
@@ -122,16 +133,21 @@ def sweep(svc: Service) -> dict:
             (now - o.dead_after_s,),
         ).fetchall()
         for (key,) in dead:
-            cur.execute(
-                "UPDATE assignments SET state = 'orphaned' WHERE node = ? AND state = 'open'",
+            held = cur.execute(
+                "UPDATE assignments SET state = 'orphaned' WHERE node = ? AND state = 'open'"
+                " RETURNING counter",
                 (key,),
-            )
+            ).fetchall()
+            if held:  # silent while holding work: as good as letting it expire
+                record_expiry(cur, key, now)
         expired = cur.execute(
             "UPDATE assignments SET state = 'orphaned' WHERE state = 'open' AND deadline < ?"
-            " RETURNING counter",
+            " RETURNING counter, node",
             (now,),
         ).fetchall()
-    return {"dead": [k for (k,) in dead], "expired": [c for (c,) in expired]}
+        for _, node in expired:
+            record_expiry(cur, node, now)  # admission.py: the node waits before more work
+    return {"dead": [k for (k,) in dead], "expired": [c for c, _ in expired]}
 
 
 def revive_after_restart(svc: Service) -> None:

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote, urlencode
 
+from swarmrl.protocol.digits import ascii_int
+
 _KEY = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 
 
@@ -84,9 +86,9 @@ class LocalObjectStore:
         self.secret = secret
         self.base_url = base_url.rstrip("/")
 
-    def _mac(self, *parts: object) -> str:
-        msg = "\n".join(str(p) for p in parts).encode()
-        return hmac.new(self.secret, msg, hashlib.sha256).hexdigest()
+    def _mac(self, *parts: object) -> bytes:
+        msg = "\n".join(str(p) for p in parts).encode("utf-8", "replace")
+        return hmac.new(self.secret, msg, hashlib.sha256).hexdigest().encode()
 
     def _path(self, key: str) -> Path:
         try:
@@ -99,17 +101,18 @@ class LocalObjectStore:
 
     def upload_url(self, key: str, node: str, size: int, sha256: str, expires: int) -> str:
         query = {"node": node, "size": size, "sha256": sha256, "expires": expires}
-        query["sig"] = self._mac("PUT", key, node, size, sha256, expires)
+        query["sig"] = self._mac("PUT", key, node, size, sha256, expires).decode()
         return f"{self.base_url}/objects/{quote(key)}?{urlencode(query)}"
 
     def download_url(self, key: str, expires: int) -> str:
-        query = {"expires": expires, "sig": self._mac("GET", key, expires)}
+        query = {"expires": expires, "sig": self._mac("GET", key, expires).decode()}
         return f"{self.base_url}/objects/{quote(key)}?{urlencode(query)}"
 
     def check_download(self, key: str, expires: str, sig: str, now: float) -> Path:
-        if not expires.isdigit() or int(expires) < now:
+        when = ascii_int(expires)
+        if when is None or when < now:
             raise ObjectError(403, "download URL expired")
-        if not hmac.compare_digest(self._mac("GET", key, int(expires)), sig):
+        if not hmac.compare_digest(self._mac("GET", key, when), _ascii(sig)):
             raise ObjectError(403, "bad URL signature")
         path = self._path(key)
         if not path.is_file():
@@ -118,23 +121,18 @@ class LocalObjectStore:
 
     def check_upload(self, key: str, q: dict, length: str | None, now: float) -> tuple[int, str]:
         """The (size, sha256) a PUT may write, or ObjectError."""
-        try:
-            node, size, digest, expires, sig = (
-                q["node"],
-                int(q["size"]),
-                q["sha256"],
-                int(q["expires"]),
-                q["sig"],
-            )
-        except (KeyError, ValueError):
-            raise ObjectError(403, "the URL lacks its signed parameters") from None
-        if not hmac.compare_digest(self._mac("PUT", key, node, size, digest, expires), sig):
+        node, digest, sig = q.get("node"), q.get("sha256"), q.get("sig")
+        size, expires = ascii_int(q.get("size")), ascii_int(q.get("expires"))
+        if None in (node, digest, sig, size, expires):
+            raise ObjectError(403, "the URL lacks its signed parameters")
+        mac = self._mac("PUT", key, node, size, digest, expires)
+        if not hmac.compare_digest(mac, _ascii(sig)):
             raise ObjectError(403, "bad URL signature")
         if expires < now:
             raise ObjectError(403, "upload URL expired")
         if length is None:
             raise ObjectError(411, "Content-Length is required")
-        if not length.isdigit() or int(length) != size:
+        if ascii_int(length) != size:
             raise ObjectError(400, f"Content-Length {length} is not the granted size {size}")
         self._path(key)
         return size, digest
@@ -251,3 +249,9 @@ class S3ObjectStore:
 
     def delete(self, key: str) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key=key)
+
+
+def _ascii(sig: str) -> bytes:
+    """A signature from a URL as bytes to compare in constant time (hmac.compare_digest
+    refuses str with characters outside ASCII)."""
+    return sig.encode("ascii", "replace")

@@ -20,10 +20,12 @@ node that asks for work gets a new assignment that records it
 
 How much work is out: the groups of open assignments plus those of files
 still on their way to the trainer (uploading, pending, accepted) whose
-policy is fresh. A node gets a new assignment only while that stays within
-`worker.max_pending_groups` (default `trainer.batch_groups`) plus
-`orchestrator.margin_groups`, so workers stop making files that would arrive
-stale.
+policy is fresh. A proven node gets a new assignment only while the proven
+nodes' share stays within `worker.max_pending_groups` (default
+`trainer.batch_groups`) plus `orchestrator.margin_groups`, so workers stop
+making files that would arrive stale; nodes on probation draw from a pool
+of their own, and a deadline follows the node's speed
+(orchestrator/admission.py).
 
 The assignment counter is one sequence for the whole run, issued here: a
 worker cannot choose it, so it cannot search seeds for easy prompts, and
@@ -36,8 +38,9 @@ from __future__ import annotations
 import json
 import secrets
 
+from swarmrl.orchestrator import admission
 from swarmrl.orchestrator.mismatch import is_suspect, reference_kl, window_figures
-from swarmrl.orchestrator.nodes import touch
+from swarmrl.orchestrator.nodes import require_worker, touch
 from swarmrl.orchestrator.service import ApiError, Service
 from swarmrl.protocol.assign import Assignment, rollout_key
 from swarmrl.protocol.seeds import derive_seed
@@ -83,18 +86,6 @@ ASSIGNMENT_COLUMNS = (
 )
 
 
-def outstanding_groups(cur, oldest_policy: int) -> int:
-    a = cur.execute(
-        "SELECT COALESCE(SUM(groups), 0) FROM assignments WHERE state = 'open'"
-    ).fetchone()[0]
-    f = cur.execute(
-        "SELECT COALESCE(SUM(groups), 0) FROM files WHERE state IN (?, ?, ?) AND void = 0"
-        " AND policy >= ?",
-        (*ON_THE_WAY, oldest_policy),
-    ).fetchone()[0]
-    return int(a) + int(f)
-
-
 def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: bool) -> dict:
     """Record the heartbeat; the answer carries the node's assignment or why it waits."""
     cfg = svc.cfg
@@ -113,6 +104,7 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
         }
         if not want_work:
             return answer
+        require_worker(cur, key)
         row = cur.execute(
             f"SELECT {ASSIGNMENT_COLUMNS} FROM assignments WHERE node = ? AND state = 'open'"
             " ORDER BY counter LIMIT 1",
@@ -136,13 +128,19 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
             # training step, and the trainer, not the node, decides when.
             cur.execute("UPDATE assignments SET state = 'orphaned' WHERE counter = ?", (row[0],))
         answer["wait"] = _why_wait(cfg, run, policy_version)
+        if answer["wait"] is None and admission.cooldown_left(svc, cur, key, now) > 0:
+            answer["wait"] = "cooldown"  # it let assignments expire: admission.py
+        probation = admission.on_probation(svc, cur, key)
+        groups = cfg.worker.groups_per_file
         if answer["wait"] is None:
             oldest = run["step"] - cfg.async_level
-            limit = (
-                cfg.worker.max_pending_groups or cfg.trainer.batch_groups
-            ) + cfg.orchestrator.margin_groups
-            groups = cfg.worker.groups_per_file
-            if outstanding_groups(cur, oldest) + groups > limit:
+            if probation:  # new keys share a small pool of their own
+                limit = admission.probation_limit(svc)
+            else:
+                limit = (
+                    cfg.worker.max_pending_groups or cfg.trainer.batch_groups
+                ) + cfg.orchestrator.margin_groups
+            if admission.outstanding(svc, cur, oldest, probation) + groups > limit:
                 answer["wait"] = "enough-work"
         if answer["wait"] is not None:
             return answer
@@ -158,7 +156,7 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
         step = run["step"]
         seed = derive_seed(cfg.seed, key, step, counter)
         budget = cur.execute("SELECT budget FROM nodes WHERE key = ?", (key,)).fetchone()[0]
-        deadline = now + cfg.orchestrator.assignment_s
+        deadline = now + admission.deadline_s(svc, cur, key, groups, budget)
         cur.execute(
             "INSERT INTO assignments VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)",
             (counter, key, step, policy_version, seed, groups, budget, now, deadline,
@@ -196,6 +194,7 @@ def grant_upload(svc: Service, key: str, counter: int, size: int, sha256: str) -
         raise ApiError(429, f"more than {o.uploads_per_minute} upload URLs in a minute")
     svc.upload_times[key] = recent + [now]
     with svc.db.tx() as cur:
+        require_worker(cur, key)
         row = cur.execute(
             "SELECT node, step, policy, seed, groups, state FROM assignments WHERE counter = ?",
             (counter,),
@@ -234,6 +233,7 @@ def submit(svc: Service, key: str, object_key: str, sha256: str) -> dict:
     probability `validator.sample_rate`, always for a suspect node (mismatch.py)."""
     rate = svc.cfg.validator.sample_rate if svc.cfg.validator.enabled else 0.0
     with svc.db.tx() as cur:
+        require_worker(cur, key)
         row = cur.execute(
             "SELECT node, sha256, size, state, counter FROM files WHERE key = ?", (object_key,)
         ).fetchone()
@@ -250,13 +250,17 @@ def submit(svc: Service, key: str, object_key: str, sha256: str) -> dict:
             rate >= 1.0
             or secrets.randbelow(1 << 30) < rate * (1 << 30)
             or (rate > 0.0 and is_suspect(cur, key))  # mismatch.py: a suspect is always checked
+            or (rate > 0.0 and admission.on_probation(svc, cur, key))  # so is a new key
         )
+        if not svc.cfg.validator.enabled:  # no validator to prove anything: a file is a proof
+            admission.record_proof(cur, key)
         state = "pending" if checked else "accepted"
         cur.execute(
             "UPDATE files SET state = ?, checked = ?, submitted = ? WHERE key = ?",
             (state, 0, svc.clock(), object_key),
         )
         cur.execute("UPDATE assignments SET state = 'submitted' WHERE counter = ?", (row[4],))
+        admission.check_turnaround(svc, cur, key, row[4], svc.clock())
     return {"state": state}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from swarmrl.protocol.digits import ascii_int
 from swarmrl.protocol.seeds import derive_seed
 
 MAX_DRAWS = 64  # candidates tried per prompt before taking the last one
@@ -48,11 +49,12 @@ class SamplerState:
             raise SamplerStateError("sampler state: field 'weights' must be an object")
         weights = {}
         for k, v in raw.items():
-            if not (isinstance(k, str) and k.isdigit()) or type(v) not in (int, float):
+            index = ascii_int(k, max_digits=9)
+            if index is None or type(v) not in (int, float):
                 raise SamplerStateError(f"sampler state: field 'weights': bad entry {k!r:.20}")
             if not 0.0 < v < 1.0:
                 raise SamplerStateError(f"sampler state: weight of {k} is {v}, not in (0, 1)")
-            weights[int(k)] = float(v)
+            weights[index] = float(v)
         return cls(level=level, weights=weights)
 
 

@@ -22,6 +22,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from swarmrl.protocol.digits import ascii_int
 from swarmrl.protocol.identity import public_key_hex, sign, verify
 
 PREFIX = "swarmrl-v1"
@@ -79,9 +80,9 @@ def check_request(
         raise SignatureError("X-Swarm-Key is not a 64-digit lowercase hex public key")
     if not NONCE.match(nonce):
         raise SignatureError("X-Swarm-Nonce must be 16 to 64 characters of [A-Za-z0-9_-]")
-    if not ts_text.isdigit() or len(ts_text) > 12:
-        raise SignatureError("X-Swarm-Timestamp is not unix seconds")
-    ts = int(ts_text)
+    ts = ascii_int(ts_text, max_digits=12)
+    if ts is None:
+        raise SignatureError("X-Swarm-Timestamp is not unix seconds (1 to 12 ASCII digits)")
     if abs(now - ts) > window_s:
         raise SignatureError(f"timestamp {ts} is outside the {window_s:.0f}s window")
     if not verify(key, message(run_id, method, target, ts, nonce, body), signature):

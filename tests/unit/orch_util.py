@@ -37,7 +37,12 @@ class Orch:
         keys = tmp / "runs" / "t" / "keys"
         self.trainer = load_or_create_key(keys / "trainer.key")
         self.validator = load_or_create_key(keys / "validator-0.key")
-        over = [f"runs_dir={json.dumps(str(tmp / 'runs'))}", "name=t"]
+        # no probation unless a test asks for it (test_orchestrator_admission.py does)
+        over = [
+            f"runs_dir={json.dumps(str(tmp / 'runs'))}",
+            "name=t",
+            "orchestrator.probation_files=0",
+        ]
         if database:
             over.append(f"orchestrator.database={json.dumps(database)}")
         self.cfg = load_config(None, over + list(overrides))

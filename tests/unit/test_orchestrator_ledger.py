@@ -250,7 +250,7 @@ def test_spot_checks_send_a_fraction_to_validators(orch):
 
 def test_relays_reported_by_several_contributors_stop_being_advertised(orch):
     o = orch("orchestrator.relay_reports=2", 'shardcast.servers=["http://127.0.0.1:9"]',
-             "trainer.batch_groups=1000")  # fmt: skip
+             "trainer.batch_groups=1000", 'orchestrator.relay_networks=["127.0.0.0/8"]')  # fmt: skip
     relay = o.worker("relay")
     o.ok(relay, "POST", "/v1/nodes/register", {"role": "relay", "url": "http://127.0.0.1:7001"})
     both = ["http://127.0.0.1:9", "http://127.0.0.1:7001"]

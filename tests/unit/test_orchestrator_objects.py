@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 
-from tests.unit.orch_util import Orch
+from tests.unit.orch_util import Orch, pubhex
 
 
 @pytest.fixture
@@ -50,6 +50,15 @@ def test_refused_uploads_store_nothing(granted):
         assert 400 <= r.status_code < 500, (what, r.status_code, r.text)
     o.clock.t += o.cfg.orchestrator.upload_url_ttl_s + 1
     assert o.http.put(_url(g), content=data).status_code == 403  # expired
+    assert _stored(o) == []
+
+
+def test_a_url_granted_before_its_node_was_banned_stores_nothing(granted):
+    o, w, g, data = granted
+    auth = {"Authorization": f"Bearer {o.token}"}
+    assert o.http.post(f"/v1/admin/nodes/{pubhex(w)}/ban", headers=auth).status_code == 200
+    r = o.http.put(_url(g), content=data)
+    assert r.status_code == 403 and "no longer upload" in r.json()["detail"]
     assert _stored(o) == []
 
 

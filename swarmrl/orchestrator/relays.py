@@ -1,0 +1,66 @@
+"""Which relay URLs the orchestrator accepts before advertising them to workers.
+
+A registered relay's URL goes to every worker in `/v1/run/servers`, and workers
+poll it. A key could register `http://169.254.169.254/...` (a cloud metadata
+service), a private address inside the operator's network, or a third party's
+host, and aim every worker at it. So the host must resolve, and every address
+it resolves to must be public (`ipaddress`'s `is_global`) or inside one of
+`orchestrator.relay_networks` (the operator's own ranges, e.g. 127.0.0.0/8 for
+a swarm on one machine). Anything else is refused at registration (403).
+
+Not covered here: a name that resolves to a public address now and a private one
+later (DNS rebinding). Workers resolve the name themselves when they fetch; an
+operator who fears this should register relays by address. Whether a relay
+serves verified versions is a separate question (not checked by the
+orchestrator yet: workers verify every shard and report bad servers).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+from swarmrl.orchestrator.service import ApiError
+
+
+def refusal(url: str, networks: list[str]) -> str | None:
+    """Why `url` may not be advertised as a relay, or None if it may."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as e:
+        return f"malformed URL ({e})"
+    if parts.scheme not in ("http", "https") or not host:
+        return "a relay URL is http(s)://HOST[:PORT][/PATH]"
+    if port is None and ":" in parts.netloc.rsplit("]", 1)[-1]:
+        return "malformed port"
+    try:
+        addresses = {ipaddress.ip_address(host)}
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(host, port or 80, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as e:
+            return f"host {host!r} does not resolve ({e})"
+        addresses = {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
+    allowed = [ipaddress.ip_network(n, strict=False) for n in networks]
+    for a in sorted(addresses, key=str):
+        if any(a.version == n.version and a in n for n in allowed):
+            continue
+        if not a.is_global or a.is_multicast:
+            return f"{a} is {_kind(a)}; the operator allows such addresses in orchestrator.relay_networks"
+    return None
+
+
+def check(url: str, networks: list[str]) -> None:
+    """ApiError 403 if `url` may not be advertised as a relay."""
+    why = refusal(url, networks)
+    if why is not None:
+        raise ApiError(403, f"relay URL {url[:200]} refused: {why}")
+
+
+def _kind(a) -> str:
+    for name in ("unspecified", "loopback", "link_local", "multicast", "private", "reserved"):
+        if getattr(a, f"is_{name}"):
+            return name.replace("_", "-")
+    return "not a public address"
