@@ -50,6 +50,9 @@ Settings chosen for the benchmark, not for realism of the run:
   "enough-work" (`trainer.batch_groups` is capped at 100000 by its config,
   and this limit takes precedence over it anyway);
 - `orchestrator.uploads_per_minute=1000`: the rate limit is not tested here;
+- `orchestrator.probation_files=0` and `min_assignment_s=600`: every node is
+  proven and has the flat 600 s deadline (admission is tested apart:
+  tests/unit/test_orchestrator_admission.py);
 - `unhealthy_after_s` and `dead_after_s` at 3x and 9x the heartbeat interval
   (their defaults assume a 2 s heartbeat), so the jitter of a 10 s heartbeat
   does not make nodes unhealthy;
@@ -503,6 +506,8 @@ def start_orchestrator(work: Path, database: str, trainer_pub: str, load: Load) 
         "orchestrator.uploads_per_minute=1000",
         "worker.max_pending_groups=1000000",
         "validator.enabled=false",
+        "orchestrator.probation_files=0",  # simulated nodes are proven from the start
+        "orchestrator.min_assignment_s=600",  # the flat deadline they were measured with
     ]
     python = ROOT / ".venv" / "bin" / "python"
     cmd = [str(python if python.exists() else sys.executable), "-m", "swarmrl", "orchestrator"]

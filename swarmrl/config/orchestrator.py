@@ -128,8 +128,8 @@ class OrchestratorConfig(Section):
         30.0,
         ge=0.0,
         le=86400.0,
-        description="Time beyond assignment_slack x its reported generation time a node may "
-        "take to submit (loading, upload) before the file counts as late (as an expiry).",
+        description="Time past its deadline a node may still submit before the file counts "
+        "as late (as an expiry).",
     )
     probation_files: int = Field(
         2,
@@ -143,12 +143,12 @@ class OrchestratorConfig(Section):
         0,
         ge=0,
         le=1_000_000,
-        description="Groups all workers on probation may hold at once, apart from proven "
+        description="Groups all workers on probation may hold at once, on top of proven "
         "workers' share (0: trainer.batch_groups, at least worker.groups_per_file).",
     )
     trusted_workers: list[str] = Field(
         default_factory=list,
-        max_length=100_000,
+        max_length=10_000,
         description="Worker keys (hex) the operator vouches for: no probation "
         "(`swarmrl rl` lists its own workers).",
     )
@@ -189,6 +189,16 @@ class OrchestratorConfig(Section):
         le=1000,
         description="Distinct nodes reporting a relay before it stops being advertised.",
     )
+
+    @field_validator("trusted_workers")
+    @classmethod
+    def _keys(cls, v: list[str]) -> list[str]:
+        import re
+
+        for k in v:
+            if not re.fullmatch(r"[0-9a-f]{64}", k):
+                raise ValueError(f"{k[:80]!r} is not a public key (64 lowercase hex digits)")
+        return v
 
     @field_validator("relay_networks")
     @classmethod

@@ -110,11 +110,26 @@ def _orchestrator_setup(cfg: RunConfig, base: list[str], cfg_args: list[str], no
     homes = [cfg.run_dir / "nodes" / name for name in nodes]
     trusted = [public_key_hex(load_or_create_key(h / "node.key")) for h in homes]
     own.append("orchestrator.trusted_workers=" + json.dumps(list(o.trusted_workers) + trusted))
+    if cfg.shardcast.enabled and cfg.shardcast.relays:  # its own relays register on this host
+        own.append("orchestrator.relay_networks=" + json.dumps(
+            list(o.relay_networks) + _host_networks(cfg.shardcast.host)))  # fmt: skip
     argv = base + ["orchestrator", *cfg_args, *own, *extra]
     log_path = cfg.paths.logs / "orchestrator.log"
     restarts = cfg.launcher.max_worker_restarts  # on the same port, from its database
     proc = Proc("orchestrator", argv, log_path, exits_when_done=False, max_restarts=restarts)
     return proc, url, extra
+
+
+def _host_networks(host: str) -> list[str]:
+    """The addresses of `host` as single-address networks (its relays' URLs name it)."""
+    import ipaddress
+    import socket
+
+    try:
+        return [str(ipaddress.ip_network(host))]
+    except ValueError:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        return sorted({str(ipaddress.ip_network(i[4][0].split("%")[0])) for i in infos})
 
 
 def _wait_healthy(url: str, proc: Proc, timeout_s: float = 60.0) -> None:

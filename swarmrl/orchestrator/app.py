@@ -349,12 +349,14 @@ def _node_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
             raise ApiError(422, "a worker must send its hardware report")
         if body.role == "relay" and not body.url:
             raise ApiError(422, "a relay must send its URL")
-        if body.role == "relay":  # resolved off the event loop: a name lookup may wait
-            await asyncio.get_running_loop().run_in_executor(
-                signed.pool, relays.check, body.url, svc.cfg.orchestrator.relay_networks
-            )
         hw = body.hardware.model_dump() if body.hardware else {}
-        return await call(caller, nodes.register, svc, caller.key, body.role, hw, body.url)
+
+        def checked_register():  # after the nonce is recorded: a replay resolves nothing
+            if body.role == "relay":
+                relays.check(body.url, svc.cfg.orchestrator.relay_networks)
+            return nodes.register(svc, caller.key, body.role, hw, body.url)
+
+        return await call(caller, checked_register)
 
     @app.post("/v1/nodes/heartbeat", responses=ERRORS)
     async def heartbeat(body: HeartbeatIn, caller: Caller = signed.node) -> dict:
@@ -481,10 +483,11 @@ def _object_routes(app: FastAPI, svc: Service, store: LocalObjectStore) -> None:
             size, digest = store.check_upload(
                 key, query, request.headers.get("content-length"), svc.clock(),
             )  # fmt: skip
-            with svc.db.tx() as cur:  # a URL granted before its node was ejected stops here
-                row = cur.execute("SELECT state FROM nodes WHERE key = ?", (query["node"],))
-                state = row.fetchone()
-            if state is None or state[0] in ("ejected", "banned"):
+            # a URL granted before its node was ejected stops here (read off the event loop)
+            rows = await asyncio.get_running_loop().run_in_executor(
+                None, svc.db.one, "SELECT state FROM nodes WHERE key = ?", (query["node"],)
+            )
+            if not rows or rows[0][0] in ("ejected", "banned"):
                 raise ObjectError(403, "the node this URL was granted to may no longer upload")
             await store.receive(key, size, digest, request.stream())
         except ObjectError as e:

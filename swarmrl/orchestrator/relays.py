@@ -44,6 +44,7 @@ def refusal(url: str, networks: list[str]) -> str | None:
             return f"host {host!r} does not resolve ({e})"
         addresses = {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
     allowed = [ipaddress.ip_network(n, strict=False) for n in networks]
+    addresses |= {v4 for a in addresses if (v4 := _embedded_ipv4(a)) is not None}
     for a in sorted(addresses, key=str):
         if any(a.version == n.version and a in n for n in allowed):
             continue
@@ -57,6 +58,25 @@ def check(url: str, networks: list[str]) -> None:
     why = refusal(url, networks)
     if why is not None:
         raise ApiError(403, f"relay URL {url[:200]} refused: {why}")
+
+
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded_ipv4(a):
+    """The IPv4 address an IPv6 address carries (mapped, 6to4, Teredo, NAT64), if any:
+    each is refused or allowed as that IPv4 address would be."""
+    if a.version != 6:
+        return None
+    if a.ipv4_mapped is not None:
+        return a.ipv4_mapped
+    if a.sixtofour is not None:
+        return a.sixtofour
+    if a.teredo is not None:
+        return a.teredo[1]
+    if a in NAT64:
+        return ipaddress.ip_address(int(a) & 0xFFFFFFFF)
+    return None
 
 
 def _kind(a) -> str:

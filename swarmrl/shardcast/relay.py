@@ -132,7 +132,11 @@ def join_orchestrator(url: str, key_file: Path, public_url: str) -> None:
 
     def beat() -> None:
         every = client.run_params()["heartbeat_s"]
-        client.call("POST", "/v1/nodes/register", {"role": "relay", "url": public_url})
+        try:
+            client.call("POST", "/v1/nodes/register", {"role": "relay", "url": public_url})
+        except OrchestratorError as e:  # e.g. its address is not one the operator allows
+            log.error("the orchestrator refuses this relay (it serves on, unlisted): %s", e)
+            return
         while True:
             time.sleep(every)
             try:

@@ -140,6 +140,9 @@ def test_the_signature_is_checked_before_the_body_is_read(orch):
         ("http://224.0.0.1:8000", "multicast"),
         ("http://0.0.0.0:8000", "unspecified"),
         ("http://localhost:8000", "loopback"),  # a name: what it resolves to counts
+        ("http://[2002:a9fe:a9fe::1]:80", "link-local"),  # 6to4 around 169.254.169.254
+        ("http://[64:ff9b::a9fe:a9fe]:80", "link-local"),  # NAT64 around it
+        ("http://[::ffff:10.0.0.1]:80", "private"),  # IPv4-mapped
         ("http://a..b:8000", "does not resolve"),  # refused before any DNS query
     ],
 )
