@@ -95,10 +95,16 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
         sha, node, state, holder, void = row
         if sha != v.sha256 or node != v.node:
             raise ApiError(409, "the verdict names other bytes or another node than the file")
-        if state != "pending":
+        late_cheat = (  # found out after the trainer moved past the file: still a cheat
+            state in ("stale", "discarded") and holder == validator and not v.accepted
+            and v.check != "error"
+        )  # fmt: skip
+        if state != "pending" and not late_cheat:
             return {"state": state}
         if holder != validator:
             raise ApiError(409, "this file is held by another validator")
+        if late_cheat:
+            return {"state": state, "ejected": _eject(svc, cur, node, v)}
         blob = json.dumps(verdict, sort_keys=True)
         if v.accepted:
             cur.execute(
@@ -112,13 +118,18 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
             " reason = ? WHERE key = ?",
             (blob, v.check, v.reason[:1000], v.key),
         )
-        ejected = False
-        if v.check != "error":  # the validator's own failure: the file is refused, no one punished
-            nstate = cur.execute("SELECT state FROM nodes WHERE key = ?", (node,)).fetchone()
-            if nstate is not None and nstate[0] not in ("ejected", "banned"):
-                punish(svc, cur, node, "ejected", f"{v.check}: {v.reason}", slash=True)
-                ejected = True
+        # the validator's own failure (`error`): the file is refused, no one punished
+        ejected = _eject(svc, cur, node, v) if v.check != "error" else False
     return {"state": "rejected", "ejected": ejected}
+
+
+def _eject(svc: Service, cur, node: str, v) -> bool:
+    """Eject and slash the node a rejecting verdict caught, unless it already was."""
+    nstate = cur.execute("SELECT state FROM nodes WHERE key = ?", (node,)).fetchone()
+    if nstate is None or nstate[0] in ("ejected", "banned"):
+        return False
+    punish(svc, cur, node, "ejected", f"{v.check}: {v.reason}", slash=True)
+    return True
 
 
 def open_step(svc: Service, step: int, sampler: dict, done: bool) -> dict:

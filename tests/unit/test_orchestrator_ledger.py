@@ -190,6 +190,32 @@ def test_forged_or_foreign_verdicts_are_refused(orch):
     assert o.ledger()[public_key_hex(w)]["pending"] == 1
 
 
+def test_a_cheat_found_after_its_file_went_stale_is_still_punished(orch):
+    """The validator rejects a file the trainer has moved past (stale): the file stays
+    stale, but its node is ejected and slashed all the same; an `error` verdict or an
+    acceptance that late changes nothing."""
+    o = orch()
+    w, h = o.worker("cheat"), o.worker("honest")
+    o.register(w), o.register(h)
+    o.open_step(1, 0)
+    _file(o, w, 0, b"cheated")
+    _file(o, h, 0, b"honest but slow to judge")
+    files = [o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+             for _ in range(2)]  # fmt: skip
+    o.open_step(1 + o.cfg.async_level + 1, 0)
+    o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1 + o.cfg.async_level + 1})
+    by = {f["node"]: f for f in files}
+    late = o.ok(o.validator, "POST", "/v1/validation/verdict",
+                _verdict(o, by[public_key_hex(w)], False, check="sampling"))  # fmt: skip
+    assert late == {"state": "stale", "ejected": True}
+    error = _verdict(o, by[public_key_hex(h)], False, check="error")
+    assert o.ok(o.validator, "POST", "/v1/validation/verdict", error) == {"state": "stale"}
+    ledger = o.ledger()
+    assert ledger[public_key_hex(w)]["state"] == "ejected"
+    assert ledger[public_key_hex(w)]["slashed"] == 100.0
+    assert ledger[public_key_hex(h)]["state"] != "ejected"
+
+
 def test_validator_that_dies_loses_its_lease(orch):
     o = orch("orchestrator.validation_lease_s=30")
     w = o.worker("a")
