@@ -123,13 +123,10 @@ def _orchestrator_setup(cfg: RunConfig, base: list[str], cfg_args: list[str], no
 def _host_networks(host: str) -> list[str]:
     """The addresses of `host` as single-address networks (its relays' URLs name it)."""
     import ipaddress
-    import socket
 
-    try:
-        return [str(ipaddress.ip_network(host))]
-    except ValueError:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        return sorted({str(ipaddress.ip_network(i[4][0].split("%")[0])) for i in infos})
+    from swarmrl.orchestrator.relays import resolve
+
+    return sorted(str(ipaddress.ip_network(a)) for a in resolve(host))
 
 
 def _wait_healthy(url: str, proc: Proc, timeout_s: float = 60.0) -> None:

@@ -34,7 +34,6 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from fastapi.routing import APIRoute
 
 from swarmrl.orchestrator import files, mismatch, nodes, relays, work
 from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
@@ -47,6 +46,7 @@ from swarmrl.orchestrator.auth import (
     require_operator,
 )
 from swarmrl.orchestrator.objects import LocalObjectStore, ObjectError
+from swarmrl.orchestrator.routing import CheckedRoute
 from swarmrl.orchestrator.schemas import (
     ClaimIn,
     ConsumeIn,
@@ -110,72 +110,6 @@ def public_params(svc: Service) -> dict:
         },
         "max_file_bytes": o.max_file_bytes,
     }
-
-
-class CheckedRoute(APIRoute):
-    """A route that authenticates before it reads the body, and reads JSON strictly.
-
-    FastAPI decodes a JSON body before it runs any dependency, so an unsigned
-    request with a broken body would learn 422 (and the schema) before it was
-    refused. Here the caller is checked first (a signed route: the signature and
-    role, 401/403; an operator route: the token, 401) and kept on
-    `request.state.caller`; then a JSON body must be strict JSON (`strict_json`:
-    no NaN, no infinity, no lone surrogate, 400) before FastAPI validates it."""
-
-    def get_route_handler(self):
-        handler = super().get_route_handler()
-        check = next(
-            (d.call for d in self.dependant.dependencies if hasattr(d.call, "authenticate")),
-            None,
-        )
-        has_body = self.body_field is not None
-
-        async def checked(request: Request) -> Response:
-            if check is not None:
-                request.state.caller = await check.authenticate(request)
-            if has_body:
-                strict_json(await request.body())
-            return await handler(request)
-
-        return checked
-
-
-def strict_json(body: bytes) -> None:
-    """ApiError 400 unless `body` is JSON that any JSON reader reads the same way:
-    UTF-8, no NaN or Infinity (Python's reader takes them, the standard does not),
-    no number too large for a double, no unpaired surrogate in a string."""
-    import json
-    import math
-
-    def refuse(what: str):
-        raise ApiError(400, f"the body is not strict JSON: {what}")
-
-    def no_constant(name: str):
-        refuse(f"{name} is not a JSON number")
-
-    def finite(text: str) -> float:
-        x = float(text)
-        if not math.isfinite(x):
-            refuse(f"the number {text[:40]} does not fit a double")
-        return x
-
-    try:
-        stack = [json.loads(body.decode("utf-8"), parse_constant=no_constant, parse_float=finite)]
-    except UnicodeDecodeError:
-        refuse("not UTF-8")
-    except RecursionError:
-        refuse("nested too deeply")
-    except ValueError:
-        return  # not JSON at all: FastAPI's validation names the error (422)
-    while stack:  # a \\uD800 escape unescapes to a lone surrogate, which UTF-8 cannot encode
-        x = stack.pop()
-        texts = [x] if isinstance(x, str) else list(x) if isinstance(x, dict) else []
-        try:
-            for t in texts:
-                t.encode("utf-8")
-        except UnicodeEncodeError:
-            refuse("a string holds an unpaired surrogate")
-        stack.extend(x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())
 
 
 class Signed:

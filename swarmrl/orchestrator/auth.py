@@ -1,7 +1,7 @@
 """Who is calling: signed requests (protocol/signing.py), roles, and the operator token.
 
 The order of checks on a signed call:
-1. on the event loop, before the body is read (app.py's CheckedRoute): header grammar, time
+1. on the event loop, before the body is read (routing.py's CheckedRoute): header grammar, time
    window and signature (any failure: 401), then the role: the trainer's and
    validators' keys come from the orchestrator's config; any other key is a
    node, and a node calling a trainer or validator endpoint gets 403. Nothing

@@ -36,13 +36,9 @@ def refusal(url: str, networks: list[str]) -> str | None:
     if port is None and ":" in parts.netloc.rsplit("]", 1)[-1]:
         return "malformed port"
     try:
-        addresses = {ipaddress.ip_address(host)}
-    except ValueError:
-        try:
-            infos = socket.getaddrinfo(host, port or 80, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as e:
-            return f"host {host!r} does not resolve ({e})"
-        addresses = {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
+        addresses = resolve(host, port or 80)
+    except (OSError, UnicodeError) as e:
+        return f"host {host!r} does not resolve ({e})"
     allowed = [ipaddress.ip_network(n, strict=False) for n in networks]
     addresses |= {v4 for a in addresses if (v4 := _embedded_ipv4(a)) is not None}
     for a in sorted(addresses, key=str):
@@ -51,6 +47,15 @@ def refusal(url: str, networks: list[str]) -> str | None:
         if not a.is_global or a.is_multicast:
             return f"{a} is {_kind(a)}; the operator allows such addresses in orchestrator.relay_networks"
     return None
+
+
+def resolve(host: str, port: int = 80) -> set:
+    """The addresses `host` names: itself if it is one, else what it resolves to now."""
+    try:
+        return {ipaddress.ip_address(host)}
+    except ValueError:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
 
 
 def check(url: str, networks: list[str]) -> None:

@@ -108,7 +108,7 @@ def test_only_the_trainer_may_report_and_bad_bodies_change_nothing(orch):
     for body in bad:
         r = o.call(o.trainer, "POST", ROUTE, body)
         assert r.status_code == 422, (body, r.status_code, r.text[:200])
-    for raw in (nan, inf):  # not JSON at all: refused before the schema (app.py strict_json)
+    for raw in (nan, inf):  # not JSON at all: refused before the schema (routing.py strict_json)
         r = o.call(o.trainer, "POST", ROUTE, raw=raw)
         assert r.status_code == 400, (raw, r.status_code, r.text[:200])
     huge = {"step": 1, "nodes": [_figure(f"{i:064x}", False, 1, 0.0) for i in range(10_001)]}
