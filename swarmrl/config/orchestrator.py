@@ -121,8 +121,17 @@ class OrchestratorConfig(Section):
         4.0,
         ge=1.0,
         le=1000.0,
-        description="An assignment's deadline: this many times what the node's reported "
-        "speed needs for it, within [min_assignment_s, assignment_s].",
+        description="An assignment's deadline: this many times what the node needs for it "
+        "(its measured pace once it has submitted files, its reported speed before), within "
+        "[min_assignment_s, assignment_s].",
+    )
+    prefer_faster: float = Field(
+        2.0,
+        ge=1.0,
+        le=1e6,
+        description="When work is short, a node whose measured pace is this many times "
+        "faster and that is waiting for work goes first: a slower node gets an assignment "
+        "only if room is left for every such node.",
     )
     late_grace_s: float = Field(
         30.0,

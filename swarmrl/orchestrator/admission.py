@@ -22,21 +22,37 @@ validator (every file once validation is off):
 Keys the operator lists in `orchestrator.trusted_workers` (the launcher's own
 workers) skip probation.
 
-An assignment's deadline follows the node's speed, not a flat `assignment_s`:
-`assignment_slack` times the time its reported speed needs for the file, within
-[`min_assignment_s`, `assignment_s`]. A node whose assignment expires (or that
-goes silent holding one, or submits after the deadline plus `late_grace_s`)
-waits `min_assignment_s · 2^(k−1)` after its k-th lapse before it gets
-another (at most `assignment_s`); each file on time takes one lapse off. A
-node that reports no speed gets the shortest deadline. The operator's
-`trusted_workers` get the flat `assignment_s` and no waits.
+Each worker has a pace: seconds per group and new token from assignment to
+submission, an average over its recent files that starts from what its reported
+speed claims; an expired or abandoned assignment counts as a file that took that
+long. Two rules use it:
+
+- the deadline of an assignment is `assignment_slack` times what the node needs
+  by its claim, or by its pace if that is faster, within [`min_assignment_s`,
+  `assignment_s`]: proving faster shortens a node's deadlines, submitting late
+  never lengthens them (a node that reports no speed gets the shortest);
+- when work is short, faster nodes go first (`yields_to_faster`): a node takes
+  an assignment only if a file's worth of room stays free for each worker of its
+  pool whose measured pace is `prefer_faster` times its own or better and that is
+  waiting for work. Only measured paces reserve room, so a claim ranks its maker
+  below others, never above.
+
+A node whose assignment expires (or that goes silent holding one, or submits after
+the deadline plus `late_grace_s`) waits `min_assignment_s · 2^(k−1)` after its k-th
+lapse before it gets another (at most `assignment_s`); each file on time takes one
+lapse off. The operator's `trusted_workers` get the flat `assignment_s` and no
+waits, but are ranked by pace like everyone.
+
+Measured (the admission test's simulation: 2 honest workers, 8 hoarding keys, the
+groups trained after the hoarders' first assignments expired): hoarders that never
+submit get 0% of them; hoarders that submit just before their deadlines get 13%
+(44% without the faster-first rule); hoarders that claim a low speed for 600 s
+deadlines get 3% (100% without it).
 
 What this does not stop: an attacker with many keys still fills the probation
-pool, delaying honest newcomers (not proven workers); a node that reports a
-low speed gets long deadlines and may hold work that long; a node that
-submits just before its deadline is not penalised (measured: 2 honest workers
-keep 0.68 of the trained groups among 8 such keys); the stake is still a
-ledger number. See docs/threat-model.md.
+pool, delaying honest newcomers (not proven workers) until its first
+assignments expire; an honest slow node gets only what faster nodes leave when
+work is short; the stake is still a ledger number. See docs/threat-model.md.
 """
 
 from __future__ import annotations
@@ -91,13 +107,101 @@ def cooldown_left(svc: Service, cur, node: str, now: float) -> float:
 
 
 def deadline_s(svc: Service, cur, node: str, groups: int, budget: int) -> float:
-    """Seconds `node` gets for an assignment of `groups` groups at `budget` new tokens
-    (the operator's trusted workers: `assignment_s`)."""
+    """Seconds `node` gets for an assignment of `groups` groups at `budget` new tokens:
+    `assignment_slack` times what its reported speed needs, or its measured pace if that
+    is faster, within bounds (the operator's trusted workers: `assignment_s`). Submitting
+    late never lengthens a node's deadlines: a slow measured pace costs it priority
+    instead (`yields_to_faster`)."""
     o = svc.cfg.orchestrator
     if node in o.trusted_workers:
         return o.assignment_s
     needed = _generation_s(svc, cur, node, groups, budget)
+    pace = measured_pace(cur, node)
+    if pace is not None:  # measured faster than it said: a shorter deadline; never longer
+        needed = min(needed, pace * groups * budget)
     return min(o.assignment_s, max(o.min_assignment_s, o.assignment_slack * needed))
+
+
+PACE_WEIGHT = 0.5  # weight of a node's newest file in its measured pace
+
+
+def measured_pace(cur, node: str) -> float | None:
+    """Seconds per group and new token from assignment to submission: an average that
+    follows the node's recent files, starting from what its reported speed claims
+    (None for a node that reported no speed and has submitted nothing)."""
+    row = cur.execute("SELECT s_per_unit FROM pace WHERE node = ?", (node,)).fetchone()
+    return float(row[0]) if row else None
+
+
+def record_claim(svc: Service, cur, node: str, tokens_per_s: float) -> None:
+    """A worker's pace before its first file: what its reported speed claims."""
+    if tokens_per_s > 0.0:
+        cur.execute(
+            "INSERT INTO pace VALUES (?, ?, 0) ON CONFLICT (node) DO UPDATE"
+            " SET s_per_unit = excluded.s_per_unit WHERE pace.files = 0",
+            (node, svc.cfg.worker.group_size / tokens_per_s),
+        )
+
+
+def record_pace(cur, node: str, counter: int, now: float) -> None:
+    row = cur.execute(
+        "SELECT issued, groups, max_new_tokens FROM assignments WHERE counter = ?", (counter,)
+    ).fetchone()
+    if row is None:
+        return
+    pace = max(0.0, now - float(row[0])) / max(1, int(row[1]) * int(row[2]))
+    cur.execute(
+        "INSERT INTO pace VALUES (?, ?, 1) ON CONFLICT (node) DO UPDATE SET s_per_unit ="
+        " pace.s_per_unit + ? * (excluded.s_per_unit - pace.s_per_unit), files = pace.files + 1",
+        (node, pace, PACE_WEIGHT),
+    )
+
+
+def yields_to_faster(
+    svc: Service, cur, node: str, probation: bool, room: int, groups: int, now: float
+) -> bool:
+    """Whether `node` must leave the `room` left after its assignment to faster nodes:
+    workers of its pool (on probation, or proven) whose measured pace is
+    `prefer_faster` times `node`'s or better (a claim ranks its maker below others, never
+    above: only measured paces reserve room), that asked for work within two heartbeats
+    and hold none now.
+    It takes the work only if a file's worth of groups stays free for each of them.
+
+    This makes slow holding unprofitable. A key that sits on each assignment until
+    its deadline is slow by measurement, and one that claims a low speed to get long
+    deadlines is slow by its own word: when work is short, either gets only what
+    faster workers leave (the admission test's hoarders). An honest slow node is
+    treated the same way: its files would arrive staler than those of the nodes it
+    yields to."""
+    o = svc.cfg.orchestrator
+    mine = measured_pace(cur, node)
+    if mine is None or not mine > 0.0:
+        return False  # no pace known (or as fast as can be): no one goes before it
+    since = now - 2.0 * o.heartbeat_s
+    asking = {k for k, t in svc.asked_work.copy().items() if t >= since and k != node}
+    if not asking:
+        return False
+    trusted = list(o.trusted_workers)
+    marks = ", ".join("?" for _ in trusted) or "''"
+    pool = (
+        f"COALESCE(s.proven, 0) < ? AND p.node NOT IN ({marks})"
+        if probation
+        else f"(COALESCE(s.proven, 0) >= ? OR p.node IN ({marks}))"
+    )
+    faster = cur.execute(
+        "SELECT p.node FROM pace p LEFT JOIN standing s ON s.node = p.node"
+        " WHERE p.files > 0 AND p.s_per_unit * ? < ? AND " + pool,
+        (o.prefer_faster, mine, o.probation_files, *trusted),
+    ).fetchall()
+    waiting = [k for (k,) in faster if k in asking]
+    if not waiting or room >= groups * len(waiting):
+        return False
+    marks = ", ".join("?" for _ in waiting)
+    busy = cur.execute(
+        f"SELECT COUNT(DISTINCT node) FROM assignments WHERE state = 'open' AND node IN ({marks})",
+        waiting,
+    ).fetchone()[0]
+    return room < groups * (len(waiting) - int(busy))
 
 
 def check_turnaround(svc: Service, cur, node: str, counter: int, now: float) -> None:
@@ -105,7 +209,10 @@ def check_turnaround(svc: Service, cur, node: str, counter: int, now: float) -> 
     expiry (the assignment may already be reissued); one on time takes one expiry off
     the node's count, so an honest node's old lapses fade."""
     row = cur.execute("SELECT deadline FROM assignments WHERE counter = ?", (counter,)).fetchone()
-    if row is None or node in svc.cfg.orchestrator.trusted_workers:
+    if row is None:
+        return
+    record_pace(cur, node, counter, now)
+    if node in svc.cfg.orchestrator.trusted_workers:
         return
     if now > float(row[0]) + svc.cfg.orchestrator.late_grace_s:
         record_expiry(cur, node, now)
@@ -146,9 +253,9 @@ def outstanding(svc: Service, cur, oldest_policy: int, probation: bool) -> int:
     )
     a = cur.execute(
         "SELECT COALESCE(SUM(a.groups), 0) FROM assignments a"
-        " LEFT JOIN standing n ON n.node = a.node WHERE a.state = 'open' AND "
-        + cond.format(col="a.node"),
-        (o.probation_files, *trusted),
+        " LEFT JOIN standing n ON n.node = a.node WHERE a.state = 'open' AND a.policy >= ?"
+        " AND " + cond.format(col="a.node"),
+        (oldest_policy, o.probation_files, *trusted),
     ).fetchone()[0]
     f = cur.execute(
         "SELECT COALESCE(SUM(f.groups), 0) FROM files f LEFT JOIN standing n ON n.node = f.node"

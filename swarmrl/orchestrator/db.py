@@ -75,6 +75,8 @@ SCHEMA = [
     " PRIMARY KEY (step, node, checked))",
     "CREATE TABLE IF NOT EXISTS standing (node TEXT PRIMARY KEY, proven BIGINT NOT NULL,"
     " expired BIGINT NOT NULL, last_expired DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS pace (node TEXT PRIMARY KEY, s_per_unit DOUBLE PRECISION NOT NULL,"
+    " files BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS suspects (node TEXT PRIMARY KEY, time DOUBLE PRECISION NOT NULL,"
     " step BIGINT NOT NULL, detail TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS events (id {autoid}, time DOUBLE PRECISION NOT NULL,"

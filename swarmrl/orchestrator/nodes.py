@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 
-from swarmrl.orchestrator.admission import record_expiry
+from swarmrl.orchestrator.admission import record_claim, record_expiry, record_pace
 from swarmrl.orchestrator.service import ApiError, Service
 
 LIVE = ("registered", "healthy", "unhealthy")
@@ -82,6 +82,8 @@ def register(svc: Service, key: str, role: str, hardware: dict, url: str) -> dic
                 " budget = ?, url = ? WHERE key = ?",
                 (now, hw, budget, url, key),
             )
+        if role == "worker":
+            record_claim(svc, cur, key, float(hardware.get("tokens_per_s", 0.0)))
         stake = cur.execute("SELECT stake FROM nodes WHERE key = ?", (key,)).fetchone()[0]
     return {"state": "registered", "stake": stake, "max_new_tokens": budget}
 
@@ -140,13 +142,19 @@ def sweep(svc: Service) -> dict:
             ).fetchall()
             if held:  # silent while holding work: as good as letting it expire
                 record_expiry(cur, key, now)
+            for (counter,) in held:
+                record_pace(cur, key, counter, now)  # it took at least this long
         expired = cur.execute(
             "UPDATE assignments SET state = 'orphaned' WHERE state = 'open' AND deadline < ?"
             " RETURNING counter, node",
             (now,),
         ).fetchall()
-        for _, node in expired:
+        for counter, node in expired:
             record_expiry(cur, node, now)  # admission.py: the node waits before more work
+            record_pace(cur, node, counter, now)  # and it took at least this long
+    since = now - 2.0 * o.heartbeat_s  # admission.yields_to_faster looks no further back
+    for key in [k for k, t in svc.asked_work.copy().items() if t < since]:
+        svc.asked_work.pop(key, None)
     return {"dead": [k for (k,) in dead], "expired": [c for c, _ in expired]}
 
 

@@ -38,6 +38,7 @@ class Service:
     run_id: str = ""
     secret: bytes = b""
     upload_times: dict[str, list[float]] = field(default_factory=dict)
+    asked_work: dict[str, float] = field(default_factory=dict)  # admission.py: key -> time
     dataset_sha256: str | None = None
 
     def init_identity(self) -> None:

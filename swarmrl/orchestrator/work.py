@@ -18,14 +18,15 @@ whose node dies or whose deadline passes becomes `orphaned`, and the next
 node that asks for work gets a new assignment that records it
 (`reissue_of`); `cancelled` when its node is ejected.
 
-How much work is out: the groups of open assignments plus those of files
-still on their way to the trainer (uploading, pending, accepted) whose
-policy is fresh. A proven node gets a new assignment only while the proven
-nodes' share stays within `worker.max_pending_groups` (default
+How much work is out: the groups of open assignments and of files still on
+their way to the trainer (uploading, pending, accepted) whose policy is
+fresh (an assignment held past that can only make a stale file). A proven
+node gets a new assignment only while the proven nodes' share stays within `worker.max_pending_groups` (default
 `trainer.batch_groups`) plus `orchestrator.margin_groups`, so workers stop
-making files that would arrive stale; nodes on probation draw from a pool
-of their own, and a deadline follows the node's speed
-(orchestrator/admission.py).
+making files that would arrive stale, and, when room is short, only if
+faster nodes waiting for work keep theirs (`faster-first`); nodes on
+probation draw from a pool of their own, and a deadline follows the node's
+pace (orchestrator/admission.py).
 
 The assignment counter is one sequence for the whole run, issued here: a
 worker cannot choose it, so it cannot search seeds for easy prompts, and
@@ -140,8 +141,12 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
                 limit = (
                     cfg.worker.max_pending_groups or cfg.trainer.batch_groups
                 ) + cfg.orchestrator.margin_groups
-            if admission.outstanding(svc, cur, oldest, probation) + groups > limit:
+            room = limit - admission.outstanding(svc, cur, oldest, probation) - groups
+            svc.asked_work[key] = now
+            if room < 0:
                 answer["wait"] = "enough-work"
+            elif admission.yields_to_faster(svc, cur, key, probation, room, groups, now):
+                answer["wait"] = "faster-first"  # admission.py: work is short, faster nodes wait
         if answer["wait"] is not None:
             return answer
         orphan = cur.execute(

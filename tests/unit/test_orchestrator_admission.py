@@ -14,7 +14,6 @@ from swarmrl.protocol.verdict import Verdict
 from tests.unit.orch_util import HW, Orch, pubhex
 
 PROBATION = ("orchestrator.probation_files=2",)
-MEASURED_SLOW_SHARE = 0.68  # honest share among hoarders that submit at their deadlines
 
 
 def _verdict(o: Orch, f: dict) -> dict:
@@ -62,9 +61,9 @@ def test_trusted_workers_skip_probation(tmp_path):
     assert _on_probation(o, o.worker("stranger"))
 
 
-def test_deadlines_follow_the_reported_speed_within_bounds(tmp_path):
+def test_deadlines_follow_the_reported_speed_and_the_measured_pace(tmp_path):
     o = Orch(tmp_path, "orchestrator.min_assignment_s=60", "orchestrator.assignment_s=600",
-             "orchestrator.assignment_slack=4")  # fmt: skip
+             "orchestrator.assignment_slack=4", "worker.max_pending_groups=1000")  # fmt: skip
     o.open_step(1, 0)
     groups, g, budget = o.cfg.worker.groups_per_file, o.cfg.worker.group_size, 16
     cases = ((1e6, 60.0), (groups * g * budget / 100.0, 400.0), (0.5, 600.0), (0.0, 60.0))
@@ -75,6 +74,20 @@ def test_deadlines_follow_the_reported_speed_within_bounds(tmp_path):
         assert a["deadline"] - o.clock() == pytest.approx(want), tps
         o.svc.db.one("UPDATE assignments SET state = 'cancelled' WHERE counter = ?",
                      (a["counter"],))  # fmt: skip
+    # measured faster than it claimed: the deadline follows the pace (its claim and
+    # its files, averaged), never the other way; a late file does not lengthen it
+    k = o.worker("modest")
+    o.register(k, {**HW, "tokens_per_s": groups * g * budget / 100.0})
+    a = o.assignment(k, 0)["assignment"]
+    assert a["deadline"] - o.clock() == pytest.approx(400.0)
+    o.clock.t += 10
+    o.upload(k, a["counter"], b"quick")
+    a = o.assignment(k, 0)["assignment"]
+    assert a["deadline"] - o.clock() == pytest.approx(4 * (100 + 10) / 2)
+    o.clock.t += 200  # within its deadline, slower than it claimed
+    o.upload(k, a["counter"], b"slow")
+    a = o.assignment(k, 0)["assignment"]
+    assert a["deadline"] - o.clock() == pytest.approx(400.0)  # min(claim, pace)
 
 
 def test_each_expiry_doubles_the_wait_before_more_work(tmp_path):
@@ -120,77 +133,118 @@ def test_a_file_after_its_deadline_is_a_lapse_and_trusted_workers_have_none(tmp_
     o.upload(w, a["counter"], b"just in time")
     assert o.assignment(w, 0)["wait"] is None
     a = o.assignment(w, 0)["assignment"]
-    o.clock.t += 91  # past it (the sweeper has not run yet): a lapse, the file still counts
-    o.upload(w, a["counter"], b"late")
+    assert a["deadline"] - o.clock() == 60.0  # a slow file does not lengthen the next deadline
+    o.clock.t = a["deadline"] + 31  # past it and the grace (the sweeper has not run yet):
+    o.upload(w, a["counter"], b"late")  # a lapse; the file still counts
     assert o.assignment(w, 0)["wait"] == "cooldown"
     o.clock.t += 1000  # a trusted worker is never late and never waits
     o.upload(t, b["counter"], b"trusted, slow")
     assert o.assignment(t, 0)["assignment"] is not None
 
 
-@pytest.mark.parametrize("hoarding", ["never-submit", "submit-at-deadline"])
+def _drain(o: Orch) -> None:
+    """The trainer takes every file listed (so files stop counting as work out)."""
+    files = o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]
+    o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": 1, "keys": [f["key"] for f in files]})
+
+
+def test_when_work_is_short_a_slow_node_leaves_it_to_a_faster_one(tmp_path):
+    o = Orch(tmp_path, "orchestrator.heartbeat_s=5", "validator.enabled=false",
+             "orchestrator.dead_after_s=80000", "orchestrator.unhealthy_after_s=80000",
+             "worker.groups_per_file=8", "worker.max_pending_groups=8")  # one file out  # fmt: skip
+    fast, slow = o.worker("fast"), o.worker("slow")
+    for k in (fast, slow):
+        o.register(k, {**HW, "tokens_per_s": 1e6})
+    o.open_step(1, 0)
+    for k, took in ((slow, 50), (fast, 1)):  # one file each: their paces are measured
+        a = o.assignment(k, 0)["assignment"]
+        o.clock.t += took
+        o.upload(k, a["counter"], b"first of %d" % took)
+        _drain(o)
+    a = o.assignment(fast, 0)["assignment"]
+    assert o.assignment(slow, 0)["wait"] == "enough-work"  # the one file is out
+    o.upload(fast, a["counter"], b"second")
+    _drain(o)
+    # room for one file, and the fast node asked 0 s ago and holds nothing: it goes first
+    assert o.assignment(slow, 0)["wait"] == "faster-first"
+    a = o.assignment(fast, 0)["assignment"]
+    o.upload(fast, a["counter"], b"third")
+    _drain(o)
+    o.clock.t += 2 * 5 + 1  # the fast node has not asked for two heartbeats: not waiting
+    assert o.assignment(slow, 0)["assignment"] is not None
+
+
+SLOW_CLAIM = 0.5  # tokens/s: a deadline of assignment_s (600 s)
+
+
+def _simulate(path, hoarding: str, n_hoarders: int, *settings: str) -> dict:
+    """2 honest workers (new keys, so on probation at first; a file takes them one
+    tick) and `n_hoarders` keys that take assignments and never submit, or submit
+    just before the deadline (claiming the honest workers' speed, or a slow one for
+    the longest deadline, 600 s). 120 ticks of 5 s (10 s for the slow claim), the
+    trainer taking every accepted file; the groups trained once the hoarders' first
+    assignments have expired."""
+    tick, first = (10, 605) if hoarding == "slow-claim" else (5, 65)
+    o = Orch(path, *PROBATION, "validator.sample_rate=0.25", f"orchestrator.heartbeat_s={tick}",
+             "orchestrator.dead_after_s=80000", "orchestrator.unhealthy_after_s=80000",
+             "orchestrator.min_assignment_s=60", *settings)  # fmt: skip
+    honest = [o.worker(f"honest-{i}") for i in range(2)]
+    hoarders = [o.worker(f"hoarder-{i}") for i in range(n_hoarders)]
+    for k in honest + hoarders:
+        slow = k in hoarders and hoarding == "slow-claim"
+        o.register(k, {**HW, "tokens_per_s": SLOW_CLAIM if slow else 1e6})
+    o.open_step(1, 0)
+    groups = {"honest": 0, "hoarder": 0}
+    held: dict[str, dict] = {}
+    rng = random.Random(0)
+    is_honest = set(map(pubhex, honest))
+    start = o.clock()
+    for _ in range(120):
+        order = hoarders + honest
+        rng.shuffle(order)  # who asks first when a slot frees is luck
+        for k in order:
+            if pubhex(k) in is_honest:  # a file takes one tick; then it asks again
+                if (a := held.pop(pubhex(k), None)) is not None:
+                    o.upload(k, a["counter"], b"honest %d" % a["counter"])
+                if (a := o.assignment(k, 0)["assignment"]) is not None:
+                    held[pubhex(k)] = a
+                continue
+            a = held.get(pubhex(k)) or o.assignment(k, 0)["assignment"]
+            if a is None:
+                continue
+            held[pubhex(k)] = a
+            if hoarding != "never-submit" and a["deadline"] - o.clock() <= tick:
+                o.upload(k, a["counter"], b"late %d" % a["counter"])
+                del held[pubhex(k)]
+            elif a["deadline"] <= o.clock():
+                del held[pubhex(k)]
+        _validate_all(o)
+        files = o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]
+        taken = o.ok(o.trainer, "POST", "/v1/trainer/consume",
+                     {"step": 1, "keys": [f["key"] for f in files]})["consumed"]  # fmt: skip
+        if o.clock() > start + first:  # the hoarders' first assignments have expired
+            for f in files:
+                if f["key"] in taken:
+                    who = "honest" if f["node"] in is_honest else "hoarder"
+                    groups[who] += o.svc.db.one(
+                        "SELECT groups FROM files WHERE key = ?", (f["key"],)
+                    )[0][0]
+        o.clock.t += tick
+        nodes.sweep(o.svc)
+    return groups
+
+
+@pytest.mark.parametrize("hoarding", ["never-submit", "submit-at-deadline", "slow-claim"])
 def test_honest_workers_keep_most_of_the_work_among_hoarders(tmp_path, hoarding):
-    """2 honest workers (new keys, so on probation at first) and 8 hoarding keys that
-    take assignments and never submit, or submit just before the deadline. Simulated
-    for 10 minutes in 5 s ticks with the trainer taking every accepted file; after
-    the hoarders' first assignments expire, the honest workers make at least 80% of
-    the groups trained."""
-    trained = {}
-    for n_hoarders in (0, 8):
-        o = Orch(tmp_path / f"h{n_hoarders}", *PROBATION, "validator.sample_rate=0.25",
-                 "orchestrator.dead_after_s=80000", "orchestrator.unhealthy_after_s=80000",
-                 "orchestrator.min_assignment_s=60")  # fmt: skip
-        honest = [o.worker(f"honest-{i}") for i in range(2)]
-        hoarders = [o.worker(f"hoarder-{i}") for i in range(n_hoarders)]
-        for k in honest + hoarders:
-            o.register(k, {**HW, "tokens_per_s": 1e6})
-        o.open_step(1, 0)
-        groups = {"honest": 0, "hoarder": 0}
-        held: dict[str, dict] = {}
-        rng = random.Random(0)
-        is_honest = set(map(pubhex, honest))
-        start = o.clock()
-        for _ in range(120):
-            order = hoarders + honest
-            rng.shuffle(order)  # who asks first when a slot frees is luck
-            for k in order:
-                if pubhex(k) in is_honest:
-                    a = o.assignment(k, 0)["assignment"]
-                    if a is not None:
-                        o.upload(k, a["counter"], b"honest %d" % a["counter"])
-                    continue
-                a = held.get(pubhex(k)) or o.assignment(k, 0)["assignment"]
-                if a is None:
-                    continue
-                held[pubhex(k)] = a
-                if hoarding == "submit-at-deadline" and a["deadline"] - o.clock() <= 5:
-                    o.upload(k, a["counter"], b"late %d" % a["counter"])
-                    del held[pubhex(k)]
-                elif a["deadline"] <= o.clock():
-                    del held[pubhex(k)]
-            _validate_all(o)
-            files = o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]
-            taken = o.ok(o.trainer, "POST", "/v1/trainer/consume",
-                         {"step": 1, "keys": [f["key"] for f in files]})["consumed"]  # fmt: skip
-            if o.clock() > start + 65:  # the hoarders' first assignments have expired
-                for f in files:
-                    if f["key"] in taken:
-                        who = "honest" if f["node"] in is_honest else "hoarder"
-                        groups[who] += o.svc.db.one(
-                            "SELECT groups FROM files WHERE key = ?", (f["key"],)
-                        )[0][0]
-            o.clock.t += 5
-            nodes.sweep(o.svc)
-        trained[n_hoarders] = groups
-    alone, crowded = trained[0]["honest"], trained[8]
+    """The issue's goal: among 8 hoarding keys, the 2 honest workers make at least 80%
+    of the groups trained, and most of what they make alone."""
+    alone = _simulate(tmp_path / "alone", hoarding, 0)["honest"]
+    crowded = _simulate(tmp_path / "crowded", hoarding, 8)
     share = crowded["honest"] / (crowded["honest"] + crowded["hoarder"])
     print(f"\n{hoarding}: honest share {share:.3f}, honest groups {crowded['honest']} "
           f"against {alone} alone")  # fmt: skip
-    if hoarding == "never-submit":  # the issue's goal: at least 80% to honest workers
-        assert share >= 0.8, (hoarding, crowded)
-        assert crowded["honest"] >= 0.8 * alone, (hoarding, crowded, alone)
-    else:  # NOT the goal: a file just before the deadline is not penalised (admission.py)
-        assert share >= MEASURED_SLOW_SHARE - 0.1, (hoarding, crowded)
+    assert share >= 0.8, (hoarding, crowded)
+    assert crowded["honest"] >= 0.8 * alone, (hoarding, crowded, alone)
 
 
 def test_the_launcher_trusts_its_own_workers_and_allows_its_relays_host(tmp_path):
