@@ -508,6 +508,8 @@ def start_orchestrator(work: Path, database: str, trainer_pub: str, load: Load) 
         "validator.enabled=false",
         "orchestrator.probation_files=0",  # simulated nodes are proven from the start
         "orchestrator.min_assignment_s=600",  # the flat deadline they were measured with
+        "orchestrator.register_work_bits=0",  # measured: the server, not the nodes' hashing
+        "orchestrator.faucet_burst=1000000",
     ]
     python = ROOT / ".venv" / "bin" / "python"
     cmd = [str(python if python.exists() else sys.executable), "-m", "swarmrl", "orchestrator"]

@@ -85,7 +85,33 @@ class OrchestratorConfig(Section):
         description="Silence after which a node is dead and its unfinished work re-issued.",
     )
     stake: float = Field(
-        100.0, ge=0.0, le=1e12, description="Stake a worker must lock to join (ledger units)."
+        100.0,
+        ge=0.0,
+        le=1e12,
+        description="Stake locked for a new worker (ledger units), paid by the operator: "
+        "from the faucet, or deposited with an invitation.",
+    )
+    register_work_bits: int = Field(
+        20,
+        ge=0,
+        le=40,
+        description="Proof of work a new key pays to register without an invitation: "
+        "2^bits SHA-256 hashes on average (protocol/work_proof.py; 20: about 0.5 s on "
+        "one CPU core). 0: none.",
+    )
+    faucet_per_hour: float = Field(
+        120.0,
+        ge=0.0,
+        le=1e9,
+        description="New workers per hour given a stake without an invitation (the faucet "
+        "refills at this rate); a new worker finding it empty is told to retry (429).",
+    )
+    faucet_burst: int = Field(
+        32,
+        ge=0,
+        le=1_000_000,
+        description="Most stakes the faucet holds at once. 0 (with faucet_per_hour 0): "
+        "workers join by invitation only (POST /v1/admin/invites).",
     )
     slash_fraction: float = Field(
         1.0, ge=0.0, le=1.0, description="Fraction of its stake a caught cheater loses."

@@ -323,7 +323,7 @@ class WorkerNode:
     def register(self, c: OrchestratorClient | None = None) -> None:
         """Register (again) with the hardware measured at the first registration."""
         c = c or self.client
-        r = c.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": self.hardware})
+        r = c.register({"role": "worker", "hardware": self.hardware}, self.cfg.worker.invite)
         log.info("registered: stake %.1f, length budget %d", r["stake"], r["max_new_tokens"])
 
     def enlist(self) -> None:

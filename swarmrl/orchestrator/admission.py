@@ -57,9 +57,87 @@ work is short; the stake is still a ledger number. See docs/threat-model.md.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 
-from swarmrl.orchestrator.service import Service
+from swarmrl.orchestrator.service import ApiError, Service
+from swarmrl.protocol import work_proof
+
+
+def admit(svc: Service, cur, node: str, role: str, work: str, invite: str, now: float) -> float:
+    """What a new key pays to register, and the stake it gets (ApiError if it cannot pay).
+
+    - the operator's `trusted_workers`: nothing; the stake is the operator's;
+    - with an invitation (`issue_invites`): the invitation, used up; its stake;
+    - otherwise a proof of work of `register_work_bits` bits (protocol/work_proof.py),
+      and a worker takes one stake from the faucet, which refills at
+      `faucet_per_hour` up to `faucet_burst`; when it is empty the key is told when
+      to retry (429), and when the operator closed it (burst 0) that only an
+      invitation admits it (403). A relay holds no stake."""
+    o = svc.cfg.orchestrator
+    if node in o.trusted_workers:
+        return o.stake if role == "worker" else 0.0
+    if invite:
+        row = cur.execute(
+            "UPDATE invites SET used_by = ?, used = ? WHERE hash = ? AND used_by IS NULL"
+            " RETURNING stake",
+            (node, now, _invite_hash(invite)),
+        ).fetchone()
+        if row is None:
+            raise ApiError(403, "unknown or used invitation")
+        return float(row[0]) if role == "worker" else 0.0
+    if not work_proof.check(svc.run_id, node, work, o.register_work_bits):
+        raise ApiError(
+            403,
+            f"a new key registers with a proof of work of {o.register_work_bits} bits"
+            " (the 'work' field: swarmrl/protocol/work_proof.py) or an invitation",
+        )
+    if role != "worker":
+        return 0.0
+    _take_from_faucet(svc, cur, now)
+    return o.stake
+
+
+def _take_from_faucet(svc: Service, cur, now: float) -> None:
+    o = svc.cfg.orchestrator
+    if o.faucet_burst == 0:
+        raise ApiError(403, "this run admits new workers by invitation only")
+    meta = dict(
+        cur.execute("SELECT k, v FROM meta WHERE k IN ('faucet', 'faucet_time')").fetchall()
+    )
+    level = float(meta.get("faucet", o.faucet_burst))
+    since = float(meta.get("faucet_time", now))
+    level = min(float(o.faucet_burst), level + max(0.0, now - since) * o.faucet_per_hour / 3600)
+    if level < 1.0:
+        if o.faucet_per_hour <= 0.0:
+            raise ApiError(403, "the faucet is spent; new workers need an invitation")
+        wait = (1.0 - level) * 3600 / o.faucet_per_hour
+        raise ApiError(
+            429,
+            f"the run admits {o.faucet_per_hour:g} new workers an hour and the faucet is"
+            f" empty: retry in {wait:.0f} s, or register with an invitation",
+            retry_after_s=wait,
+        )
+    svc.set_meta(cur, "faucet", repr(level - 1.0))
+    svc.set_meta(cur, "faucet_time", repr(now))
+
+
+def issue_invites(svc: Service, count: int, stake: float) -> list[str]:
+    """`count` new invitations (only their hashes are stored)."""
+    tokens = [secrets.token_urlsafe(24) for _ in range(count)]
+    now = svc.clock()
+    with svc.db.tx() as cur:
+        for t in tokens:
+            cur.execute(
+                "INSERT INTO invites (hash, stake, issued) VALUES (?, ?, ?)",
+                (_invite_hash(t), stake, now),
+            )
+    return tokens
+
+
+def _invite_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def proven(cur, node: str) -> int:

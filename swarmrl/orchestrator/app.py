@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -35,7 +36,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from swarmrl.orchestrator import files, mismatch, nodes, relays, work
+from swarmrl.orchestrator import admission, files, mismatch, nodes, relays, work
 from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
 from swarmrl.orchestrator.auth import (
     Caller,
@@ -51,6 +52,7 @@ from swarmrl.orchestrator.schemas import (
     ClaimIn,
     ConsumeIn,
     HeartbeatIn,
+    InvitesIn,
     MismatchIn,
     RegisterIn,
     RelayReportIn,
@@ -103,6 +105,8 @@ def public_params(svc: Service) -> dict:
         "dataset": dataset,
         "heartbeat_s": o.heartbeat_s,
         "stake": o.stake,
+        "register_work_bits": o.register_work_bits,
+        "invitation_only": o.faucet_burst == 0,
         "requirements": {
             "min_cpus": o.min_cpus,
             "min_memory_gb": o.min_memory_gb,
@@ -186,7 +190,10 @@ def _lifespan(svc: Service, pool: ThreadPoolExecutor, sweep_every_s: float | Non
 
 
 async def _api_error(_request, e: ApiError):
-    return JSONResponse({"detail": e.detail}, status_code=e.status)
+    headers = None
+    if e.retry_after_s is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
+    return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
 
 
 async def _invalid_body(_request, e: RequestValidationError):
@@ -288,7 +295,9 @@ def _node_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
         def checked_register():  # after the nonce is recorded: a replay resolves nothing
             if body.role == "relay":
                 relays.check(body.url, svc.cfg.orchestrator.relay_networks)
-            return nodes.register(svc, caller.key, body.role, hw, body.url)
+            return nodes.register(
+                svc, caller.key, body.role, hw, body.url, body.work, body.invite
+            )
 
         return await call(caller, checked_register)
 
@@ -395,6 +404,13 @@ def _operator_routes(app: FastAPI, svc: Service) -> None:
     def admin_unban(key: str, _: None = as_operator) -> dict:
         nodes.unban(svc, key)
         return {"unbanned": key}
+
+    @app.post("/v1/admin/invites", responses=ERRORS)
+    def admin_invites(body: InvitesIn, _: None = as_operator) -> dict:
+        """Invitations, each admitting one new key with the stake it deposits (shown once:
+        only their hashes are kept)."""
+        stake = svc.cfg.orchestrator.stake if body.stake is None else body.stake
+        return {"invites": admission.issue_invites(svc, body.count, stake), "stake": stake}
 
     @app.post("/v1/admin/run", responses=ERRORS)
     def admin_run(body: RunControlIn, _: None = as_operator) -> dict:

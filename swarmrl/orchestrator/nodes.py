@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 
-from swarmrl.orchestrator.admission import record_claim, record_expiry, record_pace
+from swarmrl.orchestrator.admission import admit, record_claim, record_expiry, record_pace
 from swarmrl.orchestrator.service import ApiError, Service
 
 LIVE = ("registered", "healthy", "unhealthy")
@@ -55,13 +55,16 @@ def check_hardware(svc: Service, hw: dict) -> None:
         raise ApiError(403, "hardware below the run's requirements: " + "; ".join(short))
 
 
-def register(svc: Service, key: str, role: str, hardware: dict, url: str) -> dict:
-    """Admit a worker or relay (trainers and validators are known by config)."""
+def register(
+    svc: Service, key: str, role: str, hardware: dict, url: str, work: str = "", invite: str = ""
+) -> dict:
+    """Admit a worker or relay (trainers and validators are known by config). A new key
+    pays to enter and gets its stake from the operator (admission.admit); a known key
+    registers again for nothing."""
     now = svc.clock()
     if role == "worker":
         check_hardware(svc, hardware)
     budget = length_budget(svc, hardware.get("tokens_per_s", 0.0)) if role == "worker" else 0
-    stake = svc.cfg.orchestrator.stake if role == "worker" else 0.0
     with svc.db.tx() as cur:
         row = cur.execute("SELECT state, role FROM nodes WHERE key = ?", (key,)).fetchone()
         if row is not None and row[0] in ("ejected", "banned"):
@@ -70,12 +73,20 @@ def register(svc: Service, key: str, role: str, hardware: dict, url: str) -> dic
             raise ApiError(409, f"this key is registered as a {row[1]}")
         hw = json.dumps(hardware, sort_keys=True)
         if row is None:
+            stake = admit(svc, cur, key, role, work, invite, now)
             cur.execute(
                 "INSERT INTO nodes VALUES (?, ?, 'registered', ?, ?, ?, ?, ?, ?, 0, '')",
                 (key, role, now, now, hw, budget, url, stake),
             )
             if stake:
-                event(cur, now, key, "stake", stake, "locked on registration")
+                how = (
+                    "invitation"
+                    if invite
+                    else "the operator"
+                    if key in svc.cfg.orchestrator.trusted_workers
+                    else "faucet"
+                )
+                event(cur, now, key, "stake", stake, f"locked on registration ({how})")
         else:
             cur.execute(
                 "UPDATE nodes SET state = 'registered', last_seen = ?, hardware = ?,"

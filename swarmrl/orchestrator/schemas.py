@@ -34,6 +34,19 @@ class RegisterIn(_In):
         pattern=r"^(https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/-]*)?)?$",
         description="A relay's public URL.",
     )
+    work: str = Field(
+        "",
+        max_length=20,
+        pattern=r"^[0-9]*$",
+        description="A new key's proof of work (protocol/work_proof.py), unless invited.",
+    )
+    invite: str = Field(
+        "",
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description="An invitation from the operator: admits a new key without proof of "
+        "work or the faucet, with the stake it carries.",
+    )
 
 
 class HeartbeatIn(_In):
@@ -139,6 +152,13 @@ class TrainerRejectIn(_In):
 class RelayReportIn(_In):
     url: str = Field(max_length=500)
     what: str = Field("", max_length=500)
+
+
+class InvitesIn(_In):
+    count: int = Field(1, ge=1, le=1000, description="How many invitations to issue.")
+    stake: float | None = Field(
+        None, ge=0.0, le=1e12, description="Stake each one deposits (default: orchestrator.stake)."
+    )
 
 
 class RunControlIn(_In):

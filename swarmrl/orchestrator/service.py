@@ -20,10 +20,11 @@ from swarmrl.orchestrator.db import Database
 class ApiError(Exception):
     """A refusal with its HTTP status and a message naming the problem."""
 
-    def __init__(self, status: int, detail: str):
+    def __init__(self, status: int, detail: str, retry_after_s: float | None = None):
         super().__init__(detail)
         self.status = status
         self.detail = detail
+        self.retry_after_s = retry_after_s
 
 
 @dataclass

@@ -283,7 +283,7 @@ def mark_stale(svc: Service, cur) -> None:
 
 def report_relay(svc: Service, reporter: str, url: str, what: str) -> dict:
     """Count a report of a bad server. Only validators and workers that have had a file
-    accepted are counted: a fresh key costs nothing, a contribution does."""
+    accepted are counted: a fresh key costs only its entry, a contribution costs work."""
     with svc.db.tx() as cur:
         if svc.role_of(reporter) != "validator":
             earned = cur.execute(

@@ -21,10 +21,11 @@ log = logging.getLogger("swarmrl.client")
 
 
 class OrchestratorError(RuntimeError):
-    def __init__(self, status: int, detail: str, path: str):
+    def __init__(self, status: int, detail: str, path: str, retry_after_s: float | None = None):
         super().__init__(f"{path}: {status}: {detail}")
         self.status = status
         self.detail = detail
+        self.retry_after_s = retry_after_s
 
 
 class OrchestratorClient:
@@ -34,11 +35,41 @@ class OrchestratorClient:
         self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
         self.patience_s = patience_s
         self.run_id: str | None = None
+        self._work: tuple | None = None  # ((run_id, bits), nonce) of register()
 
     def run_params(self) -> dict:
         params = self._send("GET", "/v1/run", signed=False)
         self.run_id = params["run_id"]
         return params
+
+    def register(self, body: dict, invite: str = "", max_wait_s: float = 3600.0) -> dict:
+        """POST /v1/nodes/register, paying what the run asks of a new key: the invitation
+        if there is one, else the proof of work (solved once per run). While the run's
+        faucet is empty (429) it waits as told, up to `max_wait_s` in all."""
+        from swarmrl.protocol import work_proof
+        from swarmrl.protocol.identity import public_key_hex
+
+        params = self.run_params()
+        bits = int(params.get("register_work_bits", 0))
+        if invite:
+            body = {**body, "invite": invite}
+        elif bits:
+            if self._work is None or self._work[0] != (self.run_id, bits):
+                t0 = time.time()
+                nonce = work_proof.solve(self.run_id, public_key_hex(self.key), bits)
+                log.info("proof of work (%d bits) in %.1fs", bits, time.time() - t0)
+                self._work = ((self.run_id, bits), nonce)
+            body = {**body, "work": self._work[1]}
+        give_up = time.time() + max_wait_s
+        while True:
+            try:
+                return self.call("POST", "/v1/nodes/register", body)
+            except OrchestratorError as e:
+                wait = e.retry_after_s or 60.0
+                if e.status != 429 or time.time() + wait > give_up:
+                    raise
+                log.warning("registration: %s; retrying in %.0fs", e.detail, wait)
+                time.sleep(wait)
 
     def servers(self) -> list[str]:
         """The SHARDCAST servers the orchestrator advertises now."""
@@ -72,7 +103,13 @@ class OrchestratorClient:
                         detail = resp.json().get("detail", resp.text)
                     except ValueError:
                         detail = resp.text
-                    raise OrchestratorError(resp.status_code, str(detail), path)
+                    after = resp.headers.get("Retry-After", "")
+                    raise OrchestratorError(
+                        resp.status_code,
+                        str(detail),
+                        path,
+                        float(after) if after.isascii() and after.isdigit() else None,
+                    )
                 why = f"HTTP {resp.status_code}"
             # Recovered: the orchestrator is restarting or overloaded; try again.
             if time.time() > deadline:

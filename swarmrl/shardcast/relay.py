@@ -133,7 +133,7 @@ def join_orchestrator(url: str, key_file: Path, public_url: str) -> None:
     def beat() -> None:
         every = client.run_params()["heartbeat_s"]
         try:
-            client.call("POST", "/v1/nodes/register", {"role": "relay", "url": public_url})
+            client.register({"role": "relay", "url": public_url})
         except OrchestratorError as e:  # e.g. its address is not one the operator allows
             log.error("the orchestrator refuses this relay (it serves on, unlisted): %s", e)
             return
@@ -145,7 +145,7 @@ def join_orchestrator(url: str, key_file: Path, public_url: str) -> None:
                 if e.status != 409:
                     log.error("the orchestrator refuses this relay: %s", e)
                     return
-                client.call("POST", "/v1/nodes/register", {"role": "relay", "url": public_url})
+                client.register({"role": "relay", "url": public_url})
             except ConnectionError as e:  # recovered: it keeps serving; heartbeats resume later
                 log.warning("heartbeat: %s", e)
 

@@ -154,7 +154,7 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
         wait_for(lambda: len(read_metrics(run)) >= 2, 300, "step 2", proc)
         rogue = OrchestratorClient(url, load_or_create_key(tmp_path / "rogue.key"), patience_s=20)
         hw = {"cpus": 1, "memory_gb": 4.0, "tokens_per_s": 1000.0}
-        rogue.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": hw})
+        rogue.register({"role": "worker", "hardware": hw})
         held = {"policy": rogue.call("POST", "/v1/nodes/heartbeat", {})["policy"]}
 
         def ask():  # like a worker, it follows the policy as the trainer moves on
@@ -177,7 +177,7 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
         kill(wait_for(lambda: pid_of(run, "worker"), 10, "a worker pid"))
         wait_for(lambda: _judged(url, rogue), 120, "the rogue node ejected", proc)
         with pytest.raises(OrchestratorError) as refused:
-            rogue.call("POST", "/v1/nodes/register", {"role": "worker", "hardware": hw})
+            rogue.register({"role": "worker", "hardware": hw})
         assert refused.value.status == 403
         _control(url, run, {"paused": False})
         out, err = proc.communicate(timeout=600)

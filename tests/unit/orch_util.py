@@ -37,11 +37,14 @@ class Orch:
         keys = tmp / "runs" / "t" / "keys"
         self.trainer = load_or_create_key(keys / "trainer.key")
         self.validator = load_or_create_key(keys / "validator-0.key")
-        # no probation unless a test asks for it (test_orchestrator_admission.py does)
+        # no probation, proof of work or faucet limit unless a test asks for them
+        # (test_orchestrator_admission.py, test_orchestrator_entry.py do)
         over = [
             f"runs_dir={json.dumps(str(tmp / 'runs'))}",
             "name=t",
             "orchestrator.probation_files=0",
+            "orchestrator.register_work_bits=0",
+            "orchestrator.faucet_burst=1000000",
         ]
         if database:
             over.append(f"orchestrator.database={json.dumps(database)}")
