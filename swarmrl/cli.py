@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
         "--home", default="swarmrl-worker", help="this node's directory: key, weights, logs"
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument(
+        "--invite",
+        default=os.environ.get("SWARMRL_INVITE", ""),
+        help="an invitation from the run's operator (POST /v1/admin/invites; default "
+        "$SWARMRL_INVITE): joins without proof of work or waiting for the faucet",
+    )
     p.add_argument("--cheat", default=None, help="run as a dishonest worker (tests and demos)")
     p.add_argument(
         "--backend",
@@ -300,7 +306,7 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         run_worker(
             args.orchestrator, Path(args.home), args.threads, args.backend,
-            work=cheat, after_load=cheat.after_load if cheat else None,
+            work=cheat, after_load=cheat.after_load if cheat else None, invite=args.invite,
         )  # fmt: skip
     except NodeRefused as e:  # said in the worker's log, which the launcher shows
         logging.getLogger("swarmrl.worker").error("the orchestrator refuses this node: %s", e)

@@ -77,12 +77,5 @@ class WorkerConfig(Section):
         "0 means trainer.batch_groups (more lets workers run further ahead, and their "
         "files more often arrive too stale to use).",
     )
-    invite: str = Field(
-        "",
-        max_length=64,
-        pattern=r"^[A-Za-z0-9_-]*$",
-        description="An invitation from the run's operator (POST /v1/admin/invites): joins "
-        "without proof of work or waiting for the faucet, with the stake it deposits.",
-    )
     threads: int = Field(1, ge=1, le=256, description="torch threads per worker process.")
     poll_s: float = Field(0.2, gt=0.0, le=60.0, description="Wait between store polls.")

@@ -296,6 +296,7 @@ class WorkerNode:
     loaded: int | None = None  # the policy version in the backend
     hardware: dict | None = None  # measured once, before the first registration
     beat: Heartbeat | None = None
+    invite: str = ""  # the operator's invitation, if this node has one
 
     def follow_weights(self) -> bool:
         """Load the newest complete policy version unless it is loaded; False (after a
@@ -323,7 +324,7 @@ class WorkerNode:
     def register(self, c: OrchestratorClient | None = None) -> None:
         """Register (again) with the hardware measured at the first registration."""
         c = c or self.client
-        r = c.register({"role": "worker", "hardware": self.hardware}, self.cfg.worker.invite)
+        r = c.register({"role": "worker", "hardware": self.hardware}, self.invite)
         log.info("registered: stake %.1f, length budget %d", r["stake"], r["max_new_tokens"])
 
     def enlist(self) -> None:
@@ -426,8 +427,10 @@ def run_worker(
     backend: str | None = None,
     work: FileWork | None = None,
     after_load: Callable | None = None,
+    invite: str = "",
 ) -> None:
-    """Join the run at `url` and work until it is done. `backend` overrides the run's
+    """Join the run at `url` and work until it is done (with the operator's `invite`
+    if it has one; otherwise it pays the run's proof of work). `backend` overrides the run's
     `inference.backend` (this machine's choice). `work` makes and uploads each file
     (default `HonestWork`); a simulated worker passes its own, which generates with the
     hf backend. `after_load(backend)` runs after every weights load, before the hardware
@@ -439,6 +442,7 @@ def run_worker(
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     w = join_run(url, home, threads, backend, work, after_load)
+    w.invite = invite
     while True:
         if not w.follow_weights():
             continue

@@ -83,3 +83,26 @@ def test_invitations_admit_once_with_the_operators_deposit(tmp_path):
     assert _register(o, v, invite=second).status_code == 200
     stored = o.svc.db.one("SELECT hash FROM invites")
     assert first not in {h for (h,) in stored}  # only hashes are kept
+
+
+def test_the_client_pays_the_proof_of_work_and_waits_for_the_faucet(tmp_path, monkeypatch):
+    from swarmrl.protocol import client as client_module
+    from swarmrl.protocol.client import OrchestratorClient
+
+    o = Orch(tmp_path, f"orchestrator.register_work_bits={BITS}", "orchestrator.faucet_burst=1",
+             "orchestrator.faucet_per_hour=3600")  # fmt: skip
+    slept = []
+
+    def sleep(s):  # the orchestrator's clock moves while the client waits
+        slept.append(s)
+        o.clock.t += s
+
+    monkeypatch.setattr(client_module.time, "sleep", sleep)
+    monkeypatch.setattr(client_module.time, "time", o.clock)
+    answers = []
+    for name in ("first", "second"):
+        c = OrchestratorClient("http://testserver", o.worker(name))
+        c.http = o.http  # the in-process app, signed with the orchestrator's clock
+        answers.append(c.register({"role": "worker", "hardware": HW}))
+    assert [a["stake"] for a in answers] == [o.cfg.orchestrator.stake] * 2
+    assert slept == [1.0]  # the second waited for the faucet, as Retry-After said
