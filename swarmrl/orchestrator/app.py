@@ -295,9 +295,7 @@ def _node_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
         def checked_register():  # after the nonce is recorded: a replay resolves nothing
             if body.role == "relay":
                 relays.check(body.url, svc.cfg.orchestrator.relay_networks)
-            return nodes.register(
-                svc, caller.key, body.role, hw, body.url, body.work, body.invite
-            )
+            return nodes.register(svc, caller.key, body.role, hw, body.url, body.work, body.invite)
 
         return await call(caller, checked_register)
 

@@ -19,9 +19,10 @@ def test_proof_of_work_is_bound_to_the_key_and_the_run():
     nonce = work_proof.solve("run-a", "ab" * 32, 12)
     assert work_proof.check("run-a", "ab" * 32, nonce, 12)
     # the first nonce solving 12 bits for another key or run is almost never this one
-    assert work_proof.solve("run-a", "cd" * 32, 12) != nonce or work_proof.solve(
-        "run-b", "ab" * 32, 12
-    ) != nonce
+    assert (
+        work_proof.solve("run-a", "cd" * 32, 12) != nonce
+        or work_proof.solve("run-b", "ab" * 32, 12) != nonce
+    )
     for bad in ("", "x1", "¹²", "1" * 21, "-1", " 1"):
         assert not work_proof.check("run-a", "ab" * 32, bad, 1)
     assert work_proof.check("run-a", "ab" * 32, "", 0)  # 0 bits: no work asked
