@@ -250,7 +250,8 @@ def yields_to_faster(
     deadlines is slow by its own word: when work is short, either gets only what
     faster workers leave (the admission test's hoarders). An honest slow node is
     treated the same way: its files would arrive staler than those of the nodes it
-    yields to."""
+    yields to. Who asked is kept in this process's memory (`Service.asked_work`): with
+    several replicas behind one address, each knows the askers it served."""
     o = svc.cfg.orchestrator
     mine = measured_pace(cur, node)
     if mine is None or not mine > 0.0:
