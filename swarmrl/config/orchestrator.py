@@ -224,6 +224,29 @@ class OrchestratorConfig(Section):
         le=1000,
         description="Distinct nodes reporting a relay before it stops being advertised.",
     )
+    relay_check_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=86400.0,
+        description="How often the orchestrator checks each registered relay: it fetches the "
+        "manifest of a version the run published from the relay and verifies it. A relay is "
+        "advertised only once a check has passed (the first check comes at the next sweep).",
+    )
+    relay_check_failures: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Consecutive failed checks (no answer, an error, garbage, no version "
+        "within async_level of the newest) after which an advertised relay is dropped; a "
+        "manifest signed by another key or of another version drops it at the first.",
+    )
+    relay_check_timeout_s: float = Field(
+        5.0,
+        gt=0.0,
+        le=60.0,
+        description="Time one check of a relay may take in all, name lookup and both "
+        "requests included (connecting: at most 2 s of it); past it the check failed.",
+    )
 
     @field_validator("trusted_workers")
     @classmethod

@@ -47,6 +47,7 @@ from swarmrl.orchestrator.auth import (
     require_operator,
 )
 from swarmrl.orchestrator.objects import LocalObjectStore, ObjectError
+from swarmrl.orchestrator.relaycheck import RelayChecker
 from swarmrl.orchestrator.routing import CheckedRoute
 from swarmrl.orchestrator.schemas import (
     ClaimIn,
@@ -85,9 +86,6 @@ ERRORS = {
 def public_params(svc: Service) -> dict:
     cfg = svc.cfg
     config = cfg.model_dump(mode="json", exclude={"orchestrator", "launcher"})
-    trainer_key = cfg.shardcast.public_key or (
-        sorted(svc.trainer_keys)[0] if svc.trainer_keys else ""
-    )
     dataset = None
     if cfg.task.dataset:
         if svc.dataset_sha256 is None:  # hashed once, not on every public call
@@ -99,7 +97,7 @@ def public_params(svc: Service) -> dict:
     return {
         "run_id": svc.run_id,
         "config": config,
-        "trainer_key": trainer_key,
+        "trainer_key": svc.manifest_key(),
         "validator_keys": sorted(svc.validator_keys),
         "servers": servers,
         "dataset": dataset,
@@ -156,15 +154,18 @@ class Signed:
 
 
 def _sweep_forever(svc: Service, every_s: float, stop: threading.Event) -> None:
-    """Apply node silence, finality and nonce expiry every `every_s` until `stop`."""
+    """Every `every_s` until `stop`: node silence, finality, nonce expiry, relay checks."""
+    checker = RelayChecker(svc)  # relaycheck.py: the checks run on a thread of their own
     while not stop.wait(every_s):
         try:
             nodes.sweep(svc)
             files.finalize(svc)
             files.discard_stale(svc)
             purge_nonces(svc)
+            checker.start_due()
         except Exception:  # a failed sweep (a deadlock, a lost connection) is retried
             log.exception("sweep failed; retrying in %.1f s", every_s)
+    checker.close()
 
 
 def _lifespan(svc: Service, pool: ThreadPoolExecutor, sweep_every_s: float | None):
@@ -219,7 +220,7 @@ def _printable(part):
 
 def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     """The app over `svc`. With `sweep_every_s`, a background thread applies node
-    silence, finality and nonce expiry at that period while the app runs."""
+    silence, finality and nonce expiry, and starts relay checks, at that period."""
     metrics = Metrics()
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="db")
     app = FastAPI(

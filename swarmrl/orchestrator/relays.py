@@ -8,11 +8,18 @@ it resolves to must be public (`ipaddress`'s `is_global`) or inside one of
 `orchestrator.relay_networks` (the operator's own ranges, e.g. 127.0.0.0/8 for
 a swarm on one machine). Anything else is refused at registration (403).
 
-Not covered here: a name that resolves to a public address now and a private one
-later (DNS rebinding). Workers resolve the name themselves when they fetch; an
-operator who fears this should register relays by address. Whether a relay
-serves verified versions is a separate question (not checked by the
-orchestrator yet: workers verify every shard and report bad servers).
+An accepted URL is not advertised yet: the orchestrator first fetches a
+manifest of the run from it and verifies it (orchestrator/relaycheck.py). That
+check asks `vetted_addresses` again right before each fetch and connects only
+to the addresses it vetted, so a name that resolves to a public address at
+registration and to a private one later (DNS rebinding) does not turn the
+orchestrator's own fetch toward the private one.
+
+Not covered here: workers resolve the name themselves when they fetch, and a
+name may resolve elsewhere for them than for the orchestrator; an operator who
+fears this should register relays by address. A relay that serves a valid
+manifest to the orchestrator and bad shards to workers is caught by the
+workers' own per-shard checks, and their reports (`orchestrator.relay_reports`).
 """
 
 from __future__ import annotations
@@ -24,29 +31,46 @@ from urllib.parse import urlsplit
 from swarmrl.orchestrator.service import ApiError
 
 
+class Refused(ValueError):
+    """Why a URL may not be advertised as a relay."""
+
+
 def refusal(url: str, networks: list[str]) -> str | None:
     """Why `url` may not be advertised as a relay, or None if it may."""
+    try:
+        vetted_addresses(url, networks)
+    except Refused as e:
+        return str(e)
+    return None
+
+
+def vetted_addresses(url: str, networks: list[str]) -> set:
+    """The addresses `url`'s host names now, each public or inside `networks`;
+    Refused (naming the first that is not) otherwise."""
     try:
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port
     except ValueError as e:
-        return f"malformed URL ({e})"
+        raise Refused(f"malformed URL ({e})") from None
     if parts.scheme not in ("http", "https") or not host:
-        return "a relay URL is http(s)://HOST[:PORT][/PATH]"
+        raise Refused("a relay URL is http(s)://HOST[:PORT][/PATH]")
     if port is None and ":" in parts.netloc.rsplit("]", 1)[-1]:
-        return "malformed port"
+        raise Refused("malformed port")
     try:
         addresses = resolve(host, port or 80)
     except (OSError, UnicodeError) as e:
-        return f"host {host!r} does not resolve ({e})"
+        raise Refused(f"host {host!r} does not resolve ({e})") from None
     allowed = [ipaddress.ip_network(n, strict=False) for n in networks]
-    addresses |= {v4 for a in addresses if (v4 := _embedded_ipv4(a)) is not None}
-    for a in sorted(addresses, key=str):
+    judged = addresses | {v4 for a in addresses if (v4 := _embedded_ipv4(a)) is not None}
+    for a in sorted(judged, key=str):
         if any(a.version == n.version and a in n for n in allowed):
             continue
         if not a.is_global or a.is_multicast:
-            return f"{a} is {_kind(a)}; the operator allows such addresses in orchestrator.relay_networks"
-    return None
+            raise Refused(
+                f"{a} is {_kind(a)}; the operator allows such addresses in "
+                "orchestrator.relay_networks"
+            )
+    return addresses
 
 
 def resolve(host: str, port: int = 80) -> set:

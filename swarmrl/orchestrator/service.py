@@ -71,6 +71,11 @@ class Service:
             cur.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (k) DO NOTHING", (k, v))
             return cur.execute("SELECT v FROM meta WHERE k = ?", (k,)).fetchone()[0]
 
+    def manifest_key(self) -> str:
+        """The key a manifest of this run must be signed with, which `/v1/run` tells nodes
+        to trust: `shardcast.public_key`, else the first trainer key."""
+        return self.cfg.shardcast.public_key or min(self.trainer_keys, default="")
+
     def role_of(self, key: str) -> str:
         if key in self.trainer_keys:
             return "trainer"

@@ -302,13 +302,13 @@ def report_relay(svc: Service, reporter: str, url: str, what: str) -> dict:
 
 
 def servers(svc: Service, cur) -> list[str]:
-    """SHARDCAST servers to advertise: configured ones and registered relays, minus
-    those reported by `relay_reports` distinct nodes."""
+    """SHARDCAST servers to advertise: configured ones and registered relays that passed
+    their check (relaycheck.py), minus those reported by `relay_reports` distinct nodes."""
     configured = [u.rstrip("/") for u in svc.cfg.shardcast.servers]
     urls = list(configured)
     for (u,) in cur.execute(
         "SELECT url FROM nodes WHERE role = 'relay' AND state IN ('registered', 'healthy')"
-        " ORDER BY registered"
+        " AND url IN (SELECT url FROM relay_checks WHERE listed = 1) ORDER BY registered"
     ).fetchall():
         if u.rstrip("/") not in urls:
             urls.append(u.rstrip("/"))
