@@ -6,7 +6,7 @@ orchestrator has fetched from that URL the manifest of a version this run
 published and verified it, and only while later checks keep passing. The
 orchestrator's sweeper starts a pass every sweep (`RelayChecker.start_due`); a
 pass checks the relays whose turn has come (`orchestrator.relay_check_s`, 30 s;
-a newly registered relay at once) on a thread of its own, so a slow or hostile
+a newly registered relay at the next sweep) on a thread of its own, so a slow or hostile
 relay never holds up node silence, finality or the event loop.
 
 One check (`probe`): `GET /versions`, then the manifest of the newest version
@@ -29,8 +29,8 @@ What a check's outcome does:
 - verified: the relay is advertised and its failures reset;
 - failed (no answer, refused address, an HTTP error or a redirect, a body
   over its cap, garbage, no version in the window): one more failure; an
-  advertised relay is dropped after `relay_check_failures` (3) in a row. A
-  relay a publish or two behind, or briefly unreachable, stays;
+  advertised relay is dropped after `relay_check_failures` (3) in a row, so
+  one that is briefly unreachable, or briefly behind the window, stays;
 - wrong (a well-formed manifest signed by another key, unsigned, or of another
   version than asked): dropped at once, advertised again once a check passes.
   This is what a relay following another run's origin serves: misconfigured
@@ -338,17 +338,11 @@ def record(svc: Service, url: str, outcome: Outcome) -> None:
                 outcome.kind != "failed" or failures >= svc.cfg.orchestrator.relay_check_failures
             )
             listed = 0 if dropped else was
+        detail = f"{outcome.kind}: {outcome.detail}"[:500]
         cur.execute(
             "UPDATE relay_checks SET listed = ?, failures = ?, version = COALESCE(?, version),"
             " checked = ?, detail = ? WHERE url = ?",
-            (
-                listed,
-                failures,
-                outcome.version,
-                now,
-                f"{outcome.kind}: {outcome.detail}"[:500],
-                url,
-            ),
+            (listed, failures, outcome.version, now, detail, url),
         )
         if outcome.kind == "forged":
             keys = cur.execute(
@@ -366,3 +360,5 @@ def record(svc: Service, url: str, outcome: Outcome) -> None:
         log.info("relay %s advertised: %s", url, outcome.detail)
     elif was and not listed:
         log.warning("relay %s no longer advertised: %s", url, outcome.detail)
+    elif not listed and failures == 1:  # said once, not at every check of a relay that stays off
+        log.info("relay %s not advertised: %s", url, outcome.detail)
