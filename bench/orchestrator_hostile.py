@@ -51,6 +51,7 @@ class Attack:
     sybil_status: Counter = field(default_factory=Counter)
     sybil_latency: list[float] = field(default_factory=list)
     loris_held: list[float] = field(default_factory=list)
+    loris_answers: Counter = field(default_factory=Counter)  # what the server said on closing
     loris_open_at_end: int = 0
     loris_connect_errors: int = 0
 
@@ -61,9 +62,10 @@ def solve_all(run_id: str, keys: list[SigningKey], bits: int) -> list[str]:
 
 async def sybil_flood(
     url: str, run_id: str, keys: list[SigningKey], work: list[str], start: float, end: float,
-    attack: Attack,
+    attack: Attack, source: str | None = None,
 ) -> None:  # fmt: skip
-    """Register `keys` at an even rate over [start, end), each on a new connection."""
+    """Register `keys` at an even rate over [start, end), each on a new connection
+    (from the loopback address `source`, if given)."""
     hardware = {"cpus": 4, "memory_gb": 16.0, "tokens_per_s": 500.0}
     gap = (end - start) / max(1, len(keys))
     timeout = aiohttp.ClientTimeout(total=30.0)
@@ -75,7 +77,8 @@ async def sybil_flood(
         headers["Content-Type"] = "application/json"
         t0 = time.monotonic()
         try:
-            connector = aiohttp.TCPConnector(force_close=True)
+            local = (source, 0) if source else None
+            connector = aiohttp.TCPConnector(force_close=True, local_addr=local)
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
                 async with s.post(url + "/v1/nodes/register", data=body, headers=headers) as r:
                     await r.read()
@@ -88,14 +91,20 @@ async def sybil_flood(
     await asyncio.gather(*(one(i, k) for i, k in enumerate(keys)))
 
 
-async def slow_loris(host: str, port: int, n: int, drip_s: float, end: float, attack: Attack):
-    """`n` connections dripping a request head until `end`, each reopened when closed."""
+async def slow_loris(
+    host: str, port: int, n: int, drip_s: float, end: float, attack: Attack,
+    source: str | None = None,
+) -> None:  # fmt: skip
+    """`n` connections dripping a request head until `end`, each reopened when closed
+    (from the loopback address `source`, if given)."""
 
     async def one() -> None:
         while time.monotonic() < end:
             t0 = time.monotonic()
             try:
-                reader, writer = await asyncio.open_connection(host, port)
+                reader, writer = await asyncio.open_connection(
+                    host, port, local_addr=(source, 0) if source else None
+                )
             except OSError:
                 attack.loris_connect_errors += 1
                 await asyncio.sleep(drip_s)
@@ -109,6 +118,7 @@ async def slow_loris(host: str, port: int, n: int, drip_s: float, end: float, at
                     done, _ = await asyncio.wait({eof}, timeout=drip_s)
                     if done:
                         closed = True
+                        attack.loris_answers[status_of(eof)] += 1
                         break
                     writer.write(b"X")
                     await writer.drain()
@@ -123,6 +133,13 @@ async def slow_loris(host: str, port: int, n: int, drip_s: float, end: float, at
                 attack.loris_open_at_end += 1
 
     await asyncio.gather(*(one() for _ in range(n)))
+
+
+def status_of(eof: asyncio.Future) -> str:
+    """The status the server sent before hanging up ('none': it said nothing)."""
+    said = b"" if eof.exception() else eof.result()
+    parts = said.split(b" ", 2)
+    return parts[1].decode() if said.startswith(b"HTTP/") and len(parts) > 1 else "none"
 
 
 def summarize_attack(attack: Attack, hostile: Hostile, seconds: float) -> dict:
@@ -140,6 +157,7 @@ def summarize_attack(attack: Attack, hostile: Hostile, seconds: float) -> dict:
         "sybil_p99_ms": pct(lat, 0.99),
         "loris_connections": hostile.loris,
         "loris_closed_by_server": len(held),
+        "loris_answers": dict(attack.loris_answers),
         "loris_held_median_s": round(held[len(held) // 2], 1) if held else None,
         "loris_held_max_s": round(held[-1], 1) if held else None,
         "loris_open_at_end": attack.loris_open_at_end,

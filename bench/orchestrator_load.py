@@ -35,10 +35,13 @@ client shows as a gap between the two. An error is any non-2xx answer or an
 exception (timeout, dropped connection); the node goes on as a real worker
 would.
 
-The load generator is this process: one asyncio loop, one aiohttp session
-whose pool holds up to one connection per node (as real nodes would) and
-keeps idle connections 3 s, under uvicorn's 5 s keep-alive, so a request is
-never sent on a connection the server is closing. Signing happens per
+The load generator is this process: one asyncio loop; the honest nodes share
+out aiohttp sessions 16 to a loopback source address (127.0.1.1, 127.0.1.2,
+...: the orchestrator caps open connections per client address, and real
+nodes are machines of their own), each pool holding up to 32 connections
+and keeping idle ones 3 s, under the orchestrator's 5 s idle timeout, so a
+request is never sent on a connection the server is closing. The sybils
+and the slow-loris connections come from addresses of their own. Signing happens per
 request with a fresh nonce and timestamp; nothing is pre-computed but the
 keys. On a 2-core machine the client competes with the orchestrator (and
 PostgreSQL, and whatever else runs) for CPU. Each level reports the client's
@@ -88,7 +91,7 @@ import shutil
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import AsyncExitStack, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -138,6 +141,18 @@ WORK_BITS = 12  # the sybils' proofs of work are solved before the window; 12 ke
 SATURATED_CPU = 0.8  # client CPU seconds per second above which it is the bottleneck
 SATURATED_LAG_MS = 10.0  # client event-loop lag (p99) above which its timings are inflated
 CONTENDED = 0.1  # share of the window the orchestrator's loop waited for a CPU
+NODES_PER_ADDRESS = 16  # honest nodes sharing one loopback source address
+POOL_PER_ADDRESS = 32  # their connection pool: under orchestrator.max_connections_per_client
+SYBIL_ADDRESS = "127.0.200.1"  # the hostile mix's clients, apart from the honest ones
+LORIS_ADDRESS = "127.0.200.2"
+
+
+def honest_addresses(n: int) -> list[str]:
+    """Loopback source addresses for n honest nodes, NODES_PER_ADDRESS to each: the
+    orchestrator caps connections per client address, and real nodes are machines of
+    their own (127.0.0.0/8 is all loopback on Linux)."""
+    count = max(1, -(-n // NODES_PER_ADDRESS))
+    return [f"127.0.{1 + j // 250}.{1 + j % 250}" for j in range(count)]
 
 
 def summarize(rec: Recorder, load: Load, lags: list[float], cpu: dict, server: dict) -> dict:
@@ -194,11 +209,22 @@ async def drive(
 ) -> dict:  # fmt: skip
     """Register n nodes, run them through the warm-up and the window (beside the hostile
     mix if `hostile`); the level's figures."""
-    connector = aiohttp.TCPConnector(limit=max(64, n), keepalive_timeout=3.0)
     timeout = aiohttp.ClientTimeout(total=30.0)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(
+                        limit=POOL_PER_ADDRESS, keepalive_timeout=3.0, local_addr=(address, 0)
+                    ),
+                    timeout=timeout,
+                )
+            )
+            for address in honest_addresses(n)
+        ]
+        session = sessions[0]
         rec = Recorder()
-        swarm = Swarm(url, session, rec)
+        swarm = Swarm(url, sessions, rec)
         async with session.get(url + "/v1/run") as r:
             swarm.run_id = (await r.json())["run_id"]
         await open_run(swarm, trainer)
@@ -223,8 +249,14 @@ async def drive(
         attack = Attack()
         if hostile is not None:
             host, port = URL(url).host, URL(url).port
-            tasks.append(slow_loris(host, port, hostile.loris, hostile.drip_s, end, attack))
-            tasks.append(sybil_flood(url, swarm.run_id, sybils, proofs, rec.start, end, attack))
+            tasks.append(
+                slow_loris(host, port, hostile.loris, hostile.drip_s, end, attack, LORIS_ADDRESS)
+            )
+            tasks.append(
+                sybil_flood(
+                    url, swarm.run_id, sybils, proofs, rec.start, end, attack, SYBIL_ADDRESS
+                )
+            )
         lags: list[float] = []
         running = asyncio.gather(*tasks, loop_lag(end, rec, lags))
         await asyncio.sleep(max(0.0, rec.start - time.monotonic()))

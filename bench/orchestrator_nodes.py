@@ -60,19 +60,27 @@ class Recorder:
 
 
 class Swarm:
-    """The simulated nodes' side of HTTP: one session, signed JSON calls, timing."""
+    """The simulated nodes' side of HTTP: signed JSON calls, timing. Each node calls
+    through one of `sessions`, by its key; the first session is also the trainer's
+    and the operator's (`session`)."""
 
-    def __init__(self, url: str, session: aiohttp.ClientSession, rec: Recorder):
+    def __init__(self, url: str, sessions: list[aiohttp.ClientSession], rec: Recorder):
         self.url = url
-        self.session = session
+        self.sessions = sessions
+        self.session = sessions[0]
         self.rec = rec
         self.run_id = ""
 
-    async def send(self, endpoint: str, method: str, url, **kw) -> tuple[int, bytes]:
+    def session_of(self, key: SigningKey) -> aiohttp.ClientSession:
+        return self.sessions[int.from_bytes(bytes(key.verify_key)[:4]) % len(self.sessions)]
+
+    async def send(
+        self, endpoint: str, method: str, url, session: aiohttp.ClientSession | None = None, **kw
+    ) -> tuple[int, bytes]:
         """(status, body) of one request, timed and recorded; status 0: no answer."""
         t0 = time.monotonic()
         try:
-            async with self.session.request(method, url, **kw) as r:
+            async with (session or self.session).request(method, url, **kw) as r:
                 raw, status = await r.read(), r.status
         except (aiohttp.ClientError, TimeoutError) as e:
             # Recovered: counted as an error; the node carries on as a worker would.
@@ -88,12 +96,14 @@ class Swarm:
         headers = sign_request(key, self.run_id, "POST", path, content)
         headers["Content-Type"] = "application/json"
         status, raw = await self.send(
-            endpoint, "POST", self.url + path, data=content, headers=headers
+            endpoint, "POST", self.url + path, self.session_of(key), data=content, headers=headers
         )
         return status, json.loads(raw) if 200 <= status < 300 else None
 
-    async def put(self, url: str, data: bytes) -> bool:
-        status, _ = await self.send("PUT /objects", "PUT", URL(url, encoded=True), data=data)
+    async def put(self, key: SigningKey, url: str, data: bytes) -> bool:
+        status, _ = await self.send(
+            "PUT /objects", "PUT", URL(url, encoded=True), self.session_of(key), data=data
+        )
         return 200 <= status < 300
 
     async def register(self, key: SigningKey, invite: str = "") -> bool:
@@ -145,7 +155,7 @@ async def upload(swarm: Swarm, key: SigningKey, counter: int, data: bytes) -> No
     sha = hashlib.sha256(data).hexdigest()
     body = {"counter": counter, "size": len(data), "sha256": sha}
     _, grant = await swarm.call(key, "uploads", "/v1/uploads", body)
-    if grant is None or not await swarm.put(grant["url"], data):
+    if grant is None or not await swarm.put(key, grant["url"], data):
         return
     await swarm.call(key, "submit", "/v1/submit", {"key": grant["key"], "sha256": sha})
 

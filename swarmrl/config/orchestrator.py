@@ -66,6 +66,54 @@ class OrchestratorConfig(Section):
     max_file_bytes: int = Field(
         64 << 20, ge=1024, le=1 << 34, description="Largest rollout file a node may upload."
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        description="Time a client has to send a request's line and headers, from opening the "
+        "connection or from the request's first byte; then 408 and the connection is closed.",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=86400.0,
+        description="Time a client has to send a request body, plus its length at "
+        "min_body_bytes_per_s; then 408 and the connection is closed.",
+    )
+    min_body_bytes_per_s: float = Field(
+        65536.0,
+        gt=0.0,
+        le=1e12,
+        description="Slowest upload rate allowed for (64 KiB/s: a 64 MiB file gets 17 minutes "
+        "more than body_timeout_s).",
+    )
+    send_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=86400.0,
+        description="Time a client may leave its answer unread before it is cut off.",
+    )
+    idle_timeout_s: float = Field(
+        5.0, gt=0.0, le=3600.0, description="An idle kept-alive connection is closed after this."
+    )
+    max_header_bytes: int = Field(
+        32768, ge=1024, le=1 << 24, description="Largest request line and headers (431 above)."
+    )
+    max_connections: int = Field(
+        4096,
+        ge=1,
+        le=1_000_000,
+        description="Open connections in all (lowered to what the process's file limit "
+        "allows); one more is answered 503 and closed.",
+    )
+    max_connections_per_client: int = Field(
+        64,
+        ge=1,
+        le=1_000_000,
+        description="Open connections from one client (an IPv4 address or an IPv6 /64); one "
+        "more is answered 429 and closed. Behind a reverse proxy all clients are the proxy: "
+        "raise this and let the proxy limit each client.",
+    )
     upload_url_ttl_s: float = Field(
         300.0, gt=0.0, le=86400.0, description="Lifetime of a signed upload URL."
     )

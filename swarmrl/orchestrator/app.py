@@ -35,6 +35,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from swarmrl.orchestrator import admission, files, mismatch, nodes, relays, work
 from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
@@ -197,6 +198,12 @@ async def _api_error(_request, e: ApiError):
     return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
 
 
+async def _gone(_request, _e: ClientDisconnect):
+    """The client hung up (or was cut off by orchestrator/connections.py) while its
+    body was read: no one reads an answer, and it is not the server's error."""
+    return Response(status_code=400)
+
+
 async def _invalid_body(_request, e: RequestValidationError):
     """422 naming each bad field, without echoing its input: a NaN or an infinity (which
     Python's JSON reader accepts) cannot be written back as JSON, and FastAPI's own
@@ -232,6 +239,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     app.router.route_class = CheckedRoute
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
+    app.add_exception_handler(ClientDisconnect, _gone)
     signed = Signed(svc, pool)
     # registered in this order, which is the order of the OpenAPI document
     _public_routes(app, svc, metrics)

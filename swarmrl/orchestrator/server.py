@@ -1,5 +1,6 @@
 """`swarmrl orchestrator`: build the service from config (the one place where the
-database engine and the object store are chosen) and serve it with uvicorn."""
+database engine and the object store are chosen) and serve it with uvicorn, under
+the connection limits of orchestrator/connections.py."""
 
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ def run_orchestrator(cfg: RunConfig) -> None:
     import uvicorn
 
     from swarmrl.orchestrator.app import build_app
+    from swarmrl.orchestrator.connections import ConnectionLimits, server_config
     from swarmrl.orchestrator.nodes import revive_after_restart
 
     o = cfg.orchestrator
@@ -90,4 +92,7 @@ def run_orchestrator(cfg: RunConfig) -> None:
     revive_after_restart(svc)
     app = build_app(svc, sweep_every_s=min(1.0, o.heartbeat_s / 2))
     log.info("orchestrator of run %s (%s) at %s", svc.run_id, svc.db.engine, url)
-    uvicorn.run(app, host=o.host, port=o.port, log_level="warning", access_log=False)
+    limits = ConnectionLimits.from_config(o)
+    uvicorn.Server(
+        server_config(app, o.host, o.port, limits, log_level="warning", access_log=False)
+    ).run()

@@ -1,0 +1,206 @@
+"""The connection limits (orchestrator/connections.py) against a real orchestrator
+served by uvicorn on loopback, driven with raw sockets the way an attacker would:
+slow heads, endless headers, slow bodies, answers left unread, and too many
+connections from one address or in all. Clients come from distinct loopback
+addresses (127.0.0.2, 127.0.0.3, ...), as distinct machines would."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from swarmrl.launch.supervisor import free_port
+from swarmrl.orchestrator.app import build_app
+from swarmrl.orchestrator.connections import ConnectionLimits, client_of, server_config
+from tests.unit.orch_util import Orch
+
+FAST = ConnectionLimits(
+    header_timeout_s=1.0,
+    body_timeout_s=1.0,
+    min_body_bytes_per_s=1e9,
+    send_timeout_s=1.0,
+    idle_timeout_s=1.0,
+    max_header_bytes=8192,
+    max_connections=6,
+    max_connections_per_client=3,
+)
+
+
+class Served:
+    """The orchestrator's app on 127.0.0.1 under `limits`, in a thread."""
+
+    def __init__(self, tmp_path, limits: ConnectionLimits):
+        import uvicorn
+
+        self.orch = Orch(tmp_path)
+        self.port = free_port()
+        config = server_config(
+            build_app(self.orch.svc), "127.0.0.1", self.port, limits, log_level="error"
+        )
+        self.server = uvicorn.Server(config)
+        self.tally = config.http.tally
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+
+    def connect(self, source: str = "127.0.0.2", rcvbuf: int | None = None) -> socket.socket:
+        s = socket.socket()
+        if rcvbuf is not None:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", self.port))
+        s.settimeout(10)
+        return s
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.orch.svc.db.close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    s = Served(tmp_path, FAST)
+    yield s
+    s.stop()
+
+
+def answer(s: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def get(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: o\r\n\r\n".encode()
+
+
+def test_a_slow_head_is_cut_off_with_408(served):
+    s = served.connect()
+    t0 = time.monotonic()
+    s.sendall(b"POST /v1/nodes/heartbeat HTTP/1.1\r\nHost: o\r\n")
+    closed = b""
+    for _ in range(40):  # one header byte every 0.1 s, for up to 4 s
+        try:
+            s.sendall(b"X")
+        except OSError:
+            break
+        s.settimeout(0.1)
+        try:
+            closed = s.recv(4096)
+            break
+        except TimeoutError:
+            continue
+    held = time.monotonic() - t0
+    assert closed.startswith(b"HTTP/1.1 408 "), closed
+    assert held < 3.0, f"held for {held:.1f} s with a 1 s header timeout"
+
+
+def test_a_silent_connection_is_closed(served):
+    s = served.connect()
+    t0 = time.monotonic()
+    assert answer(s).startswith(b"HTTP/1.1 408 ")
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_endless_headers_get_431(served):
+    s = served.connect()
+    s.sendall(b"GET /v1/run HTTP/1.1\r\nHost: o\r\n")
+    try:
+        for _ in range(100):  # 100 kB of headers against a limit of 8 kB
+            s.sendall(b"X-Pad: " + b"a" * 1000 + b"\r\n")
+    except OSError:
+        pass  # closed while we were still sending
+    assert answer(s).startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_slow_body_is_cut_off_with_408(served):
+    s = served.connect()
+    s.sendall(
+        b"POST /v1/nodes/heartbeat HTTP/1.1\r\nHost: o\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 1000\r\n\r\n{"a":'
+    )
+    t0 = time.monotonic()
+    reply = answer(s)
+    # the route answers first (401: nobody signed it) or the body timer does (408);
+    # either way the connection does not outlive the body timeout
+    assert reply.startswith((b"HTTP/1.1 401 ", b"HTTP/1.1 408 ")), reply[:80]
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_kept_alive_requests_are_served(served):
+    s = served.connect()
+    for _ in range(3):
+        s.sendall(get("/v1/run"))
+        head = s.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200 "), head[:80]
+        time.sleep(0.3)  # within the idle timeout, and the head timer is not running
+    t0 = time.monotonic()
+    while s.recv(65536):  # the rest of the last answer, then the idle close
+        pass
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_connections_per_client_and_in_all_are_capped(served):
+    held = [served.connect("127.0.0.2") for _ in range(3)]
+    extra = served.connect("127.0.0.2")
+    assert answer(extra).startswith(b"HTTP/1.1 429 ")
+    other = served.connect("127.0.0.3")  # another client is still served
+    other.sendall(get("/v1/run"))
+    assert other.recv(65536).startswith(b"HTTP/1.1 200 ")
+    held += [other, *(served.connect("127.0.0.4") for _ in range(2))]  # 6 in all
+    late = served.connect("127.0.0.5")
+    assert answer(late).startswith(b"HTTP/1.1 503 ")
+    held[0].close()  # a closed connection frees its place
+    time.sleep(0.2)
+    again = served.connect("127.0.0.2")
+    again.sendall(get("/v1/run"))
+    assert again.recv(65536).startswith(b"HTTP/1.1 200 ")
+    for s in held + [again]:
+        s.close()
+    deadline = time.monotonic() + 5
+    while served.tally.total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served.tally.total == 0 and not served.tally.per_client
+
+
+def test_an_answer_left_unread_is_cut_off(served):
+    store = served.orch.svc.objects
+    key = "big/blob.bin"
+    path = store.root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\0" * (64 << 20))
+    url = store.download_url(key, int(time.time()) + 60)
+    target = url.split("//", 1)[1].split("/", 1)[1]
+    s = served.connect(rcvbuf=4096)
+    s.sendall(get("/" + target))
+    time.sleep(3.0)  # never read: the server's sends stall
+    got = 0
+    try:
+        while chunk := s.recv(1 << 20):
+            got += len(chunk)
+    except ConnectionResetError:
+        pass
+    assert got < (64 << 20), "the whole answer was sent to a client that did not read"
+
+
+@pytest.mark.parametrize(
+    "peer, client",
+    [
+        ("203.0.113.7", "203.0.113.7"),
+        ("::ffff:203.0.113.7", "203.0.113.7"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
+        ("fe80::1%eth0", "fe80::/64"),
+    ],
+)
+def test_clients_are_counted_by_address_or_ipv6_prefix(peer, client):
+    assert client_of(peer) == client
