@@ -7,7 +7,7 @@ import json
 import pytest
 
 from swarmrl.protocol.signing import sign_request
-from tests.unit.orch_util import Orch
+from tests.unit.orch_util import Orch, pubhex
 
 
 @pytest.fixture
@@ -130,3 +130,89 @@ def test_bad_bodies_are_4xx_never_5xx(orch):
     big = orch.call(w, "POST", "/v1/nodes/register", raw=b" " * (2 << 20))
     assert big.status_code == 413
     assert orch.ledger() == {}
+
+
+# Who may call each signed route. Everyone else gets 403 and changes nothing; the
+# operator's routes take no signature at all (the bearer token: above).
+MAY_CALL = {
+    ("POST", "/v1/nodes/register"): {"stranger", "worker", "relay"},
+    ("POST", "/v1/nodes/heartbeat"): {"worker"},  # asking for work; a relay may beat without
+    ("POST", "/v1/uploads"): {"worker"},
+    ("POST", "/v1/submit"): {"worker"},
+    ("POST", "/v1/relays/report"): {"worker", "relay", "validator"},
+    ("POST", "/v1/validation/claim"): {"validator"},
+    ("POST", "/v1/validation/verdict"): {"validator"},
+    ("POST", "/v1/trainer/step"): {"trainer"},
+    ("POST", "/v1/trainer/published"): {"trainer"},
+    ("GET", "/v1/trainer/files"): {"trainer"},
+    ("POST", "/v1/trainer/consume"): {"trainer"},
+    ("POST", "/v1/trainer/reject"): {"trainer"},
+    ("POST", "/v1/trainer/mismatch"): {"trainer"},
+    ("POST", "/v1/trainer/resume"): {"trainer"},
+}
+
+
+def test_every_signed_route_admits_only_its_roles(tmp_path):
+    """Every signed route of the OpenAPI document x every kind of caller (a key never
+    registered, a worker, a relay, a banned worker, the validator, the trainer), with
+    a well-formed body: a caller the table does not list gets 403 and the database does
+    not change; a listed caller gets past the checks of who it is (no 401 or 403)."""
+    o = Orch(tmp_path, 'orchestrator.relay_networks=["127.0.0.0/8"]')
+    o.open_step(0, 0)
+    doc = o.http.get("/openapi.json").json()
+    signed = {
+        (m.upper(), p)
+        for p, ops in doc["paths"].items()
+        for m, op in ops.items()
+        if {"signed": []} in op.get("security", [])
+    }
+    assert signed == set(MAY_CALL), "a signed route without its row in MAY_CALL, or a stale row"
+
+    worker = o.worker("w")
+    o.register(worker)
+    relay = o.worker("r")
+    o.ok(relay, "POST", "/v1/nodes/register", {"role": "relay", "url": "http://127.0.0.1:9"})
+    banned = o.worker("x")
+    o.register(banned)
+    auth = {"Authorization": f"Bearer {o.token}"}
+    assert o.http.post(f"/v1/admin/nodes/{pubhex(banned)}/ban", headers=auth).status_code == 200
+
+    counter = o.assignment(worker, 0)["assignment"]["counter"]
+    grant = o.ok(worker, "POST", "/v1/uploads", {"counter": counter, "size": 4, "sha256": "a" * 64})
+    hardware = {"cpus": 2, "memory_gb": 8.0, "tokens_per_s": 500.0}
+    bodies = {
+        "/v1/nodes/register": {"role": "worker", "hardware": hardware},
+        "/v1/nodes/heartbeat": {"policy_version": 0, "want_work": True},
+        "/v1/uploads": {"counter": counter, "size": 4, "sha256": "a" * 64},
+        "/v1/submit": {"key": grant["key"], "sha256": "a" * 64},
+        "/v1/relays/report": {"url": "http://127.0.0.1:9", "what": "slow"},
+        "/v1/validation/claim": {},
+        "/v1/validation/verdict": {"verdict": {"key": "k", "sha256": "0" * 64, "node": "n"}},
+        "/v1/trainer/step": {"step": 0},
+        "/v1/trainer/published": {"version": 0},
+        "/v1/trainer/files": None,
+        "/v1/trainer/consume": {"step": 0, "keys": []},
+        "/v1/trainer/reject": {"key": "k", "reason": "r"},
+        "/v1/trainer/mismatch": {"step": 0, "nodes": []},
+        "/v1/trainer/resume": {"version": 0},
+    }
+    callers = {
+        "worker": worker,
+        "relay": relay,
+        "banned": banned,
+        "validator": o.validator,
+        "trainer": o.trainer,
+    }
+    for method, path in sorted(MAY_CALL):
+        for name in ["stranger", *callers]:
+            key = o.worker(f"stranger-{path}") if name == "stranger" else callers[name]
+            target = path + ("?step=0" if method == "GET" else "")
+            before = o.snapshot()
+            r = o.call(key, method, target, bodies[path])
+            what = (method, path, name, r.status_code, r.text[:200])
+            if name in MAY_CALL[method, path]:
+                assert r.status_code not in (401, 403), what
+            else:
+                assert r.status_code == 403, what
+                assert o.snapshot() == before, what
+    o.svc.db.close()
