@@ -41,7 +41,7 @@ import asyncio
 import ipaddress
 import logging
 import resource
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -302,9 +302,7 @@ def usable_connections(wanted: int) -> int:
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
     """A protocol class for `uvicorn.Config(http=...)` enforcing `limits`, with a
     tally of its own (one per server)."""
-    limits = ConnectionLimits(
-        **{**limits.__dict__, "max_connections": usable_connections(limits.max_connections)}
-    )
+    limits = replace(limits, max_connections=usable_connections(limits.max_connections))
     return type(
         "GuardedProtocol",
         (GuardedProtocol,),
