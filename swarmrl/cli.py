@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument(
+        "--device",
+        default="auto",
+        help="where to generate: auto (a CUDA GPU if torch sees one, else the CPU), cpu, "
+        "cuda or cuda:N",
+    )
+    p.add_argument(
         "--invite",
         default=os.environ.get("SWARMRL_INVITE", ""),
         help="an invitation from the run's operator (POST /v1/admin/invites; default "
@@ -307,6 +313,7 @@ def _worker(args: argparse.Namespace) -> int:
         run_worker(
             args.orchestrator, Path(args.home), args.threads, args.backend,
             work=cheat, after_load=cheat.after_load if cheat else None, invite=args.invite,
+            device=args.device,
         )  # fmt: skip
     except NodeRefused as e:  # said in the worker's log, which the launcher shows
         logging.getLogger("swarmrl.worker").error("the orchestrator refuses this node: %s", e)

@@ -10,7 +10,10 @@ from pydantic import BaseModel, ConfigDict
 
 from swarmrl.errors import ConfigError
 
-__all__ = ["ConfigError", "Section"]
+__all__ = ["DEVICE_SETTING", "ConfigError", "Section"]
+
+# A process's device setting (swarmrl/device.py resolves it): auto, cpu, cuda or cuda:N.
+DEVICE_SETTING = r"^(auto|cpu|cuda(:[0-9]{1,2})?)$"
 
 
 class Section(BaseModel):

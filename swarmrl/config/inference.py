@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from swarmrl.config.base import Section
+from swarmrl.config.base import DEVICE_SETTING, Section
 
 
 class ModelConfig(Section):
@@ -78,4 +78,10 @@ class WorkerConfig(Section):
         "files more often arrive too stale to use).",
     )
     threads: int = Field(1, ge=1, le=256, description="torch threads per worker process.")
+    device: str = Field(
+        "auto",
+        pattern=DEVICE_SETTING,
+        description="Where the launcher's workers generate (passed as `swarmrl worker "
+        "--device`; a contributor's worker takes its own flag): auto, cpu, cuda or cuda:N.",
+    )
     poll_s: float = Field(0.2, gt=0.0, le=60.0, description="Wait between store polls.")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from swarmrl.config.base import Section
+from swarmrl.config.base import DEVICE_SETTING, Section
 from swarmrl.config.diloco import DilocoConfig
 
 
@@ -110,6 +110,12 @@ class TrainerConfig(Section):
         "batch_groups · group_size · max_new_tokens.",
     )
     threads: int = Field(1, ge=1, le=256, description="torch threads of each trainer rank.")
+    device: str = Field(
+        "auto",
+        pattern=DEVICE_SETTING,
+        description="Where each trainer rank computes: auto (its CUDA device if torch sees "
+        "one, else the CPU), cpu, cuda (an error without one) or cuda:N.",
+    )
     ranks: int = Field(
         1,
         ge=1,

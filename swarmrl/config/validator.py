@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from swarmrl.config.base import Section
+from swarmrl.config.base import DEVICE_SETTING, Section
 
 
 class ValidatorConfig(Section):
@@ -86,4 +86,10 @@ class ValidatorConfig(Section):
         "that near-zero honest mismatch does not flag rounding noise.",
     )
     threads: int = Field(1, ge=1, le=256, description="torch threads per validator process.")
+    device: str = Field(
+        "auto",
+        pattern=DEVICE_SETTING,
+        description="Where validators prefill: auto (CUDA if torch sees it, else the CPU), "
+        "cpu, cuda or cuda:N.",
+    )
     poll_s: float = Field(0.2, gt=0.0, le=60.0, description="Wait between polls for files.")

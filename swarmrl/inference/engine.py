@@ -11,9 +11,11 @@ so `make_engine(..., prefill=True)` gives `HFBackend` whatever
 `inference.backend` says: validators judge with transformers, workers may
 generate with either.
 
-Device: the transformers engine runs on the GPU when torch sees one (CUDA),
-else on the CPU, for workers and validators alike; vLLM picks its own device
-(its CUDA or CPU build).
+Device: the caller resolves its process's setting (swarmrl/device.py: a
+worker's `--device`, `validator.device`) and the transformers engine runs
+there. vLLM runs where its build runs (CUDA: the first visible GPU; its CPU
+build: the CPU); a device it cannot honour is a ConfigError, not a silent
+move (pick a GPU for it with CUDA_VISIBLE_DEVICES).
 
 `auto` takes vLLM only where it is installed and a CUDA GPU is present: on a
 CPU its start-up and KV cache cost more than they give a worker of the local
@@ -75,27 +77,41 @@ def resolve_engine(name: str) -> str:
     return "vllm" if torch.cuda.is_available() and vllm_available() else "hf"
 
 
-def engine_device() -> str:
-    """Where the transformers engine runs: the GPU when torch sees one, else the CPU."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def make_engine(cfg, threads: int = 1, name: str | None = None, prefill: bool = False):
+def make_engine(
+    cfg, device, threads: int = 1, name: str | None = None, prefill: bool = False
+):  # fmt: skip
     """The engine of a worker (`name` overrides `inference.backend`) or, with
-    `prefill`, of a validator: the one place an engine is chosen."""
+    `prefill`, of a validator, on `device` (a torch device): the one place an engine
+    is chosen."""
     inf = cfg.inference
     which = "hf" if prefill else resolve_engine(name or inf.backend)
     if which == "hf":
         from swarmrl.inference.hf import HFBackend
 
-        return HFBackend(dtype=cfg.model.dtype, device=engine_device(), max_batch=inf.max_batch)
+        return HFBackend(dtype=cfg.model.dtype, device=str(device), max_batch=inf.max_batch)
     from swarmrl.inference.vllm import VLLMBackend, vllm_available
 
     if not vllm_available():
         raise ConfigError(VLLM_MISSING)  # the CLI prints it and exits 2
+    _check_vllm_device(device)
     return VLLMBackend(
         dtype=cfg.model.dtype, max_batch=inf.max_batch, kv_cache_gb=inf.kv_cache_gb,
         threads=threads, gpu_memory=inf.gpu_memory,
     )  # fmt: skip
+
+
+def _check_vllm_device(device) -> None:
+    """vLLM runs where its build does: a CUDA build on the first visible GPU, the CPU
+    build on the CPU."""
+    import torch
+
+    if torch.cuda.is_available() and device.type == "cpu":
+        raise ConfigError(
+            "the worker's device is the CPU but vLLM is a CUDA build here: "
+            "use --backend hf for a CPU worker"
+        )
+    if device.type == "cuda" and (device.index or 0) != 0:
+        raise ConfigError(
+            f"vLLM runs on the first visible GPU, not {device}: "
+            f"start the worker with CUDA_VISIBLE_DEVICES={device.index} and --device cuda"
+        )

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Protocol
 
 from swarmrl.config import RunConfig
+from swarmrl.device import describe, resolve_device
 from swarmrl.errors import EXIT_REFUSED, UserError
 from swarmrl.inference.engine import make_engine, resolve_engine
 from swarmrl.inference.generation import Completion
@@ -183,9 +184,9 @@ class HonestWork:
         return upload_file(client, a, data)
 
 
-def hardware_report(cfg: RunConfig, backend, tokenizer, threads: int) -> dict:
-    """What this machine offers: CPUs, memory, GPUs, and tokens/s of the run's model
-    measured on one group of `group_size` completions."""
+def hardware_report(cfg: RunConfig, backend, tokenizer, threads: int, device: str) -> dict:
+    """What this machine offers: CPUs, memory, GPUs, the device it generates on, and
+    tokens/s of the run's model measured on one group of `group_size` completions."""
     import torch
 
     try:
@@ -209,6 +210,7 @@ def hardware_report(cfg: RunConfig, backend, tokenizer, threads: int) -> dict:
         "gpus": gpus,
         "tokens_per_s": round(tokens / max(time.perf_counter() - t0, 1e-9), 1),
         "platform": f"{platform.system()} {platform.machine()} Python {platform.python_version()}",
+        "device": device,
     }
 
 
@@ -290,6 +292,7 @@ class WorkerNode:
     source: TaskSource
     backend: object  # the generation backend
     threads: int
+    device: object  # the torch device it generates on (swarmrl/device.py)
     work: FileWork
     after_load: Callable | None = None
     tokenizer: object = None  # loaded with the first weights
@@ -332,7 +335,9 @@ class WorkerNode:
         the heartbeat thread."""
         if self.hardware is not None:
             return
-        self.hardware = hardware_report(self.cfg, self.backend, self.tokenizer, self.threads)
+        self.hardware = hardware_report(
+            self.cfg, self.backend, self.tokenizer, self.threads, describe(self.device)
+        )
         log.info("hardware: %s", self.hardware)
         try:
             self.register()
@@ -390,6 +395,7 @@ def join_run(
     backend: str | None,
     work: FileWork | None,
     after_load: Callable | None,
+    device: str = "auto",
 ) -> WorkerNode:
     """Load or create the node key, read the run's parameters, and set up the weights
     source, the task source and the generation backend (not registered yet)."""
@@ -408,15 +414,16 @@ def join_run(
     if work is not None and which != "hf":  # a simulated worker edits the HF model
         log.info("--cheat %s: generating with the hf backend, not %s", work.name, which)
         which = "hf"
-    backend = make_engine(cfg, threads, which)
+    where = resolve_device(device, "swarmrl worker --device")
+    backend = make_engine(cfg, where, threads, which)
     work = work or HonestWork()
     log.info(
-        "node %s (%s, %s backend) joining run %s at %s", node, work.name, which,
-        params["run_id"], url,
+        "node %s (%s, %s backend on %s) joining run %s at %s", node, work.name, which,
+        describe(where), params["run_id"], url,
     )  # fmt: skip
     return WorkerNode(
         cfg=cfg, client=client, params=params, node=node, weights=weights, source=source,
-        backend=backend, threads=threads, work=work, after_load=after_load,
+        backend=backend, threads=threads, device=where, work=work, after_load=after_load,
     )  # fmt: skip
 
 
@@ -428,10 +435,11 @@ def run_worker(
     work: FileWork | None = None,
     after_load: Callable | None = None,
     invite: str = "",
+    device: str = "auto",
 ) -> None:
     """Join the run at `url` and work until it is done (with the operator's `invite`
     if it has one; otherwise it pays the run's proof of work). `backend` overrides the run's
-    `inference.backend` (this machine's choice). `work` makes and uploads each file
+    `inference.backend` and `device` says where to generate (this machine's choices). `work` makes and uploads each file
     (default `HonestWork`); a simulated worker passes its own, which generates with the
     hf backend. `after_load(backend)` runs after every weights load, before the hardware
     probe: the seam for a simulated worker that runs a model other than the policy.
@@ -441,7 +449,7 @@ def run_worker(
     torch.set_num_threads(threads)
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
-    w = join_run(url, home, threads, backend, work, after_load)
+    w = join_run(url, home, threads, backend, work, after_load, device)
     w.invite = invite
     while True:
         if not w.follow_weights():

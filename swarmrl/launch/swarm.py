@@ -228,7 +228,8 @@ def plan_swarm(
 
     def node(name: str, cheat: str | None = None) -> Proc:
         argv = base + ["worker", "--orchestrator", url, "--home", str(run / "nodes" / name)]
-        argv += ["--threads", str(cfg.worker.threads)] + (["--cheat", cheat] if cheat else [])
+        argv += ["--threads", str(cfg.worker.threads), "--device", cfg.worker.device]
+        argv += ["--cheat", cheat] if cheat else []
         log_path = run / "logs" / f"{name}.log"
         return Proc(name, argv, log_path, cfg.worker.threads, cfg.launcher.worker_niceness,
                     max_restarts=restarts, final_codes=(EXIT_REFUSED,))  # fmt: skip

@@ -339,7 +339,9 @@ def _validator_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
 
     @app.post("/v1/validation/claim", responses=ERRORS)
     async def claim(body: ClaimIn, caller: Caller = signed.validator) -> dict:
-        return await signed.call(caller, files.claim_file, svc, caller.key, body.max_policy)
+        return await signed.call(
+            caller, files.claim_file, svc, caller.key, body.max_policy, body.device
+        )
 
     @app.post("/v1/validation/verdict", responses=ERRORS)
     async def verdict(body: VerdictIn, caller: Caller = signed.validator) -> dict:
@@ -356,8 +358,9 @@ def _trainer_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
     @app.post("/v1/trainer/step", responses=ERRORS)
     async def trainer_step(body: StepIn, caller: Caller = as_trainer) -> dict:
         return await call(
-            caller, files.open_step, svc, body.step, body.sampler.model_dump(), body.done
-        )
+            caller, files.open_step, svc, body.step, body.sampler.model_dump(), body.done,
+            body.device,
+        )  # fmt: skip
 
     @app.post("/v1/trainer/published", responses=ERRORS)
     async def trainer_published(body: VersionIn, caller: Caller = as_trainer) -> dict:

@@ -42,11 +42,14 @@ def discard_stale(svc: Service) -> int:
     return len(rows)
 
 
-def claim_file(svc: Service, validator: str, max_policy: int) -> dict:
+def claim_file(svc: Service, validator: str, max_policy: int, device: str = "") -> dict:
     """The next pending file whose policy this validator holds (at most
-    `max_policy`), held for it for `validation_lease_s`."""
+    `max_policy`), held for it for `validation_lease_s`. `device`: where the
+    validator computes, kept for the ledger (written only when it changes)."""
     now = svc.clock()
     with svc.db.tx() as cur:
+        if device and svc.meta(f"device:{validator}", cur) != device:
+            svc.set_meta(cur, f"device:{validator}", device)
         mark_stale(svc, cur)
         run = run_state(svc, cur)
         published = min(run["policy"] if run["policy"] is not None else -1, max_policy)
@@ -132,9 +135,13 @@ def _eject(svc: Service, cur, node: str, v) -> bool:
     return True
 
 
-def open_step(svc: Service, step: int, sampler: dict, done: bool) -> dict:
+def open_step(svc: Service, step: int, sampler: dict, done: bool, device: str = "") -> dict:
+    """Step `step` is open with the curriculum's `sampler` state (`done`: the run is
+    over); `device`: where the trainer computes, kept for the ledger."""
     keep = 2 * svc.cfg.async_level + 4
     with svc.db.tx() as cur:
+        if device:
+            svc.set_meta(cur, "device:trainer", device)
         cur.execute(
             "INSERT INTO steps VALUES (?, ?, ?) ON CONFLICT (step) DO UPDATE SET"
             " sampler = excluded.sampler, opened = excluded.opened",

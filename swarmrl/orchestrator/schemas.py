@@ -23,6 +23,11 @@ class Hardware(_In):
         ge=0.0, le=1e9, description="Measured generation speed with this run's model."
     )
     platform: str = Field("", max_length=200, description="OS and Python, for operators.")
+    device: str = Field(
+        "",
+        max_length=200,
+        description="Where it generates, e.g. 'cuda:0 (NVIDIA H100)' or 'cpu (2 threads)'.",
+    )
 
 
 class RegisterIn(_In):
@@ -99,6 +104,11 @@ class StepIn(_In):
     step: int = Field(ge=0, le=1 << 40, description="Step the trainer collects for.")
     sampler: SamplerBody = Field(default_factory=SamplerBody)
     done: bool = Field(False, description="The run is over.")
+    device: str = Field(
+        "",
+        max_length=200,
+        description="Where the trainer computes, e.g. 'cuda:0 (NVIDIA H100)' or 'cpu (2 threads)'.",
+    )
 
 
 class VersionIn(_In):
@@ -169,4 +179,9 @@ class RunControlIn(_In):
 class ClaimIn(_In):
     max_policy: int = Field(
         -1, ge=-1, le=1 << 40, description="Newest policy version this validator holds."
+    )
+    device: str = Field(
+        "",
+        max_length=200,
+        description="Where this validator computes, e.g. 'cuda:0 (NVIDIA H100)' or 'cpu (2 threads)'.",
     )

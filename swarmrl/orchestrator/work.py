@@ -326,8 +326,12 @@ def ledger(svc: Service) -> dict:
     files, None without tokens); `mismatch`: that window and its reference KL."""
     with svc.db.tx() as cur:
         nodes = cur.execute(
-            "SELECT key, role, state, stake, slashed, reason, last_seen FROM nodes ORDER BY registered"
+            "SELECT key, role, state, stake, slashed, reason, last_seen, hardware FROM nodes"
+            " ORDER BY registered"
         ).fetchall()
+        devices = dict(
+            cur.execute("SELECT k, v FROM meta WHERE k LIKE ?", ("device:%",)).fetchall()
+        )
         per = cur.execute(
             "SELECT node, state, void, final, COUNT(*) FROM files GROUP BY node, state, void, final"
         ).fetchall()
@@ -353,15 +357,26 @@ def ledger(svc: Service) -> dict:
         if final:
             c["final"] += n
     out = []
-    for key, role, state, stake, slashed, reason, last_seen in nodes:
+    for key, role, state, stake, slashed, reason, last_seen, hardware in nodes:
         c = counts.get(key, {"accepted": 0, "rejected": 0, "pending": 0, "void": 0, "final": 0})
         m = kl.get(key)
+        device = json.loads(hardware).get("device", "") if hardware else ""
         out.append(
             {"key": key, "role": role, "state": state, "stake": stake, "slashed": slashed,
              "reason": reason, "last_seen": last_seen, **c, "suspect": key in suspects,
+             "device": device,
              "kl_unchecked": m.unchecked_kl if m else None,
              "kl_checked": m.checked_kl if m else None}
         )  # fmt: skip
     steps = None if last is None else [max(0, int(last) - window + 1), int(last)]
     mismatch = {"steps": steps, "reference": reference_kl(figures)}
-    return {"run_id": svc.run_id, "run": run, "mismatch": mismatch, "nodes": out}
+    where = {
+        "trainer": devices.get("device:trainer", ""),
+        "validators": {
+            k.removeprefix("device:"): v
+            for k, v in sorted(devices.items())
+            if k != "device:trainer"
+        },
+    }
+    return {"run_id": svc.run_id, "run": run, "mismatch": mismatch, "devices": where,
+            "nodes": out}  # fmt: skip

@@ -39,6 +39,7 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
         "kl-unchecked",
         "kl-checked",
         "suspect",
+        "device",
     ]
     rows = [
         [
@@ -56,13 +57,15 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
             _kl(n.get("kl_unchecked")),
             _kl(n.get("kl_checked")),
             "yes" if n.get("suspect") else "no",
+            n.get("device") or "-",
         ]
         for n in ledger["nodes"]
     ]
     widths = [
         max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)
     ]
-    lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines = [head, *_device_lines(ledger.get("devices") or {})]
+    lines.append("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     reasons = [f"  {n['key'][:16]}: {n['reason']}" for n in ledger["nodes"] if n["reason"]]
     if reasons:
@@ -73,6 +76,16 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
             "the node is validated"
         )
     return "\n".join(lines)
+
+
+def _device_lines(devices: dict) -> list[str]:
+    """Where the trainer and each validator compute, as they last reported it."""
+    lines = []
+    if devices.get("trainer"):
+        lines.append(f"trainer on {devices['trainer']}")
+    for key, where in (devices.get("validators") or {}).items():
+        lines.append(f"validator {key[:16]} on {where}")
+    return lines
 
 
 def print_status(url: str, as_json: bool = False) -> int:

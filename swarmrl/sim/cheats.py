@@ -147,7 +147,7 @@ class CheapTokens(Cheat):
             return  # the cheap model does not follow the policy
         torch.manual_seed(1_000_003 + self.seed)  # not the seed any policy was built with
         self.cheap = HFBackend(dtype=backend.dtype, device=backend.device)
-        self.cheap.model = type(backend.model)(backend.model.config).eval()
+        self.cheap.model = type(backend.model)(backend.model.config).to(backend.device).eval()
         self.cheap.eos_id, self.cheap.pad_id = backend.eos_id, backend.pad_id
 
     def complete(self, cfg, backend, plan):

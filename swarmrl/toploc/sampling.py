@@ -171,9 +171,10 @@ def check_sampling(
     block = max(1, _ROWS_PER_BLOCK // vocab)
     for s in range(0, n, block):
         rows = logits[s : s + block].float() / temperature
-        tok = tokens[s : s + block].to(torch.long)
-        seeds = torch.full((len(rows),), seed, dtype=torch.int64)
-        scores = rows + gumbel_noise(seeds, torch.arange(s, s + len(rows)), vocab)
+        tok = tokens[s : s + block].to(device=rows.device, dtype=torch.long)
+        seeds = torch.full((len(rows),), seed, dtype=torch.int64, device=rows.device)
+        at = torch.arange(s, s + len(rows), device=rows.device)
+        scores = rows + gumbel_noise(seeds, at, vocab)
         chosen = scores.gather(-1, tok[:, None]).squeeze(-1)
         competitors = scores
         if top_p < 1.0:

@@ -58,7 +58,7 @@ class PolicySync:
         since the last sync left a pseudo-gradient to send."""
         if not self.path.exists():
             return False
-        sd = torch.load(self.path, weights_only=False)
+        sd = torch.load(self.path, weights_only=False, map_location="cpu")
         ahead = int(sd["step"]) > version  # died between a sync and its state file
         self.outer.restore(sd, reset=ahead)  # then the policy is the newer global one
         self.last_sync = min(int(sd["step"]), version)

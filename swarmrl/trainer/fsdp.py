@@ -1,7 +1,8 @@
 """The GRPO update across the ranks of one site: torch.distributed and FSDP2.
 
 Started by torchrun (WORLD_SIZE > 1), a rank joins the default process group
-(gloo on CPU, NCCL where CUDA is present) and shards the policy with FSDP2:
+(NCCL when its `trainer.device` is CUDA, gloo on the CPU) and shards the policy
+with FSDP2 over a mesh of that device type:
 each decoder layer, then the root (the embeddings, tied or not, and the final
 norm). `grpo_update(..., rank, world)` runs this rank's share of every
 mini-batch (trainer/step.py); FSDP2's gradient divide factor is 1, so the
@@ -22,17 +23,21 @@ import os
 import torch
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world) from torchrun's environment; (0, 1) when it is not set."""
+def init_distributed(device: torch.device) -> tuple[int, int]:
+    """(rank, world) from torchrun's environment; (0, 1) when it is not set. A rank
+    on a CUDA `device` (swarmrl/device.py gives each rank its LOCAL_RANK's) joins with
+    NCCL, a CPU rank with gloo."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1
     import torch.distributed as dist
 
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo")
+    if device.type == "cuda":
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -46,13 +51,16 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard(model):
-    """FSDP2 over the default group: each decoder layer, then the root."""
+def shard(model, device: torch.device):
+    """FSDP2 over all ranks on `device`'s type: each decoder layer, then the root."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     for module in [*decoder_layers(model), model]:  # each sharded module has its own setting
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum

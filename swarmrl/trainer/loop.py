@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from swarmrl.config import ConfigError, RunConfig, RunPaths
+from swarmrl.device import describe, resolve_device
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key, parse_public_key, public_key_hex
@@ -64,12 +65,14 @@ def _state_path(paths: RunPaths, step: int) -> Path:
     return paths.trainer_state / f"step_{step:06d}.pt"
 
 
-def _open_step(client: OrchestratorClient, curriculum, step: int, done: bool = False) -> None:
-    """Issue the sampler state of `step` to the orchestrator (workers and validators get it there)."""
+def _open_step(
+    client: OrchestratorClient, curriculum, step: int, policy, done: bool = False
+) -> None:  # fmt: skip
+    """Issue the sampler state of `step` to the orchestrator (workers and validators get
+    it there), saying where the trainer computes (`swarmrl status` shows it)."""
     state = curriculum.issue(step) if not done else curriculum.state()
-    client.call(
-        "POST", "/v1/trainer/step", {"step": step, "sampler": state.to_json(), "done": done}
-    )
+    body = {"step": step, "sampler": state.to_json(), "done": done}
+    client.call("POST", "/v1/trainer/step", {**body, "device": describe(policy.device)})
 
 
 def trainer_key(cfg: RunConfig):
@@ -140,14 +143,16 @@ def trusted_validators(cfg: RunConfig) -> list[str] | None:
 def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
     """The trainer; under torchrun (WORLD_SIZE > 1) rank 0 runs this loop and the other
     ranks follow it (trainer/ranks.py)."""
-    rank, world = init_distributed()
+    device = resolve_device(cfg.trainer.device, "trainer.device")
+    rank, world = init_distributed(device)
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
+    log.info("trainer rank %d of %d computes on %s", rank, world, describe(device))
     try:
         if rank > 0:
-            follow(cfg, rank, world)
+            follow(cfg, rank, world, device)
         else:
-            _rank0(cfg, resume, Policy(cfg, 0, world))
+            _rank0(cfg, resume, Policy(cfg, 0, world, device))
     finally:
         if world > 1:
             torch.distributed.destroy_process_group()
@@ -204,7 +209,7 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
     t_start = time.time() - begin.elapsed_s
     last = cfg.trainer.steps
     for step in range(begin.step, cfg.trainer.steps + 1):
-        _open_step(client, curriculum, step)
+        _open_step(client, curriculum, step, policy)
         level = curriculum.issued[step]
         try:
             batch = collector.collect(step, cfg.trainer.batch_groups)
@@ -214,7 +219,7 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
             publisher.flush()
             return
         curriculum.observe(step, batch.outcomes)
-        _open_step(client, curriculum, step + 1)
+        _open_step(client, curriculum, step + 1, policy)
         t0 = time.time()
         scale_advantages(batch.samples, advantage_scale(cfg.trainer))
         stats = policy.step(step, batch.samples)
@@ -267,7 +272,7 @@ def _resume(paths: RunPaths, policy, client: OrchestratorClient, curriculum, v: 
     begin = _Start(step=v + 1)
     state, optim = {}, None
     if v > 0:
-        state = torch.load(_state_path(paths, v), weights_only=False)
+        state = torch.load(_state_path(paths, v), weights_only=False, map_location="cpu")
         begin.elapsed_s = state["elapsed_s"]
         # a carry saved before samples kept their sampling log-probs holds scaled
         # advantages and no temperature: those few groups are dropped, not misread
@@ -457,7 +462,7 @@ def _finish(paths: RunPaths, weights, publisher: Publisher, policy, client: Orch
     if final.exists():
         shutil.rmtree(final)
     shutil.copytree(weights.path(weights.newest()), final)
-    _open_step(client, curriculum, last + 1, done=True)
+    _open_step(client, curriculum, last + 1, policy, done=True)
     from swarmrl.launch.report import write_report
 
     write_report(paths.metrics, paths.run / "report.png")

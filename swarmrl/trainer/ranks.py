@@ -64,6 +64,7 @@ class Policy:
     cfg: RunConfig
     rank: int
     world: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     model: object = None
     ref_model: object = None
     optimizer: torch.optim.Optimizer | None = None
@@ -78,15 +79,16 @@ class Policy:
             model_path, optim_dir = _broadcast((model_path, optim_dir), self.rank)
         cfg = self.cfg
         self.pad_id = load_tokenizer(cfg.model.path).pad_token_id
-        self.model = load_model(model_path, cfg.model.dtype)
+        model = load_model(model_path, cfg.model.dtype)
         first = None
         if self.rank == 0:
-            first = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            first = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.model = model.to(self.device)
         if self.world > 1:
             self.aliases = _aliases(self.model)
-            shard(self.model)
+            shard(self.model, self.device)
         if cfg.trainer.kl_coef > 0:
-            self.ref_model = load_model(cfg.model.path, cfg.model.dtype)
+            self.ref_model = load_model(cfg.model.path, cfg.model.dtype).to(self.device)
         self.optimizer = adamw(list(self.model.parameters()), cfg.trainer)
         if optim_dir:
             load_optimizer(self.model, self.optimizer, optim_dir)
@@ -185,10 +187,10 @@ def load_optimizer(model, optimizer, path) -> None:
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optim"])
 
 
-def follow(cfg: RunConfig, rank: int, world: int) -> None:
+def follow(cfg: RunConfig, rank: int, world: int, device: torch.device) -> None:
     """A rank other than 0: mirror rank 0's collectives until it says the run is over."""
     paths = cfg.paths
-    policy = Policy(cfg, rank, world)
+    policy = Policy(cfg, rank, world, device)
     policy.start()
     log.info("rank %d of %d: policy loaded and sharded", rank, world)
     while True:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from swarmrl.config import TrainerConfig
+from swarmrl.device import model_device
 from swarmrl.inference.generation import with_cache
 from swarmrl.toploc.sampling import nucleus_mask
 from swarmrl.trainer import losses
@@ -48,25 +49,27 @@ class StepStats:
     mismatch: Mismatch | None = None  # per sample of the batch, summed over its tokens
 
 
-def _pack(samples: list[Sample], pad_id: int):
+def _pack(samples: list[Sample], pad_id: int, device):
+    """Right-padded ids and attention, the index of the logit that predicts each
+    completion token, the completion tokens and their mask; built on the CPU in one
+    piece and moved to `device` in one copy each."""
     seqs = [s.prompt_tokens + s.completion_tokens for s in samples]
     width = max(len(x) for x in seqs)
     comp_width = max(len(s.completion_tokens) for s in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(samples), width), dtype=torch.long)
-    # index of the logit that predicts each completion token
-    gather = torch.zeros((len(samples), comp_width), dtype=torch.long)
-    mask = torch.zeros((len(samples), comp_width), dtype=torch.bool)
+    cpu = torch.device("cpu")
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long, device=cpu)
+    attn = torch.zeros((len(samples), width), dtype=torch.long, device=cpu)
+    gather = torch.zeros((len(samples), comp_width), dtype=torch.long, device=cpu)
+    mask = torch.zeros((len(samples), comp_width), dtype=torch.bool, device=cpu)
+    targets = torch.zeros((len(samples), comp_width), dtype=torch.long, device=cpu)
     for i, (s, x) in enumerate(zip(samples, seqs, strict=True)):
-        ids[i, : len(x)] = torch.tensor(x)
+        ids[i, : len(x)] = torch.tensor(x, device=cpu)
         attn[i, : len(x)] = 1
         n, p = len(s.completion_tokens), len(s.prompt_tokens)
-        gather[i, :n] = torch.arange(p - 1, p - 1 + n)
+        gather[i, :n] = torch.arange(p - 1, p - 1 + n, device=cpu)
         mask[i, :n] = True
-    targets = torch.zeros((len(samples), comp_width), dtype=torch.long)
-    for i, s in enumerate(samples):
-        targets[i, : len(s.completion_tokens)] = torch.tensor(s.completion_tokens)
-    return ids, attn, gather, targets, mask
+        targets[i, :n] = torch.tensor(s.completion_tokens, device=cpu)
+    return tuple(t.to(device, non_blocking=True) for t in (ids, attn, gather, targets, mask))
 
 
 def token_logprobs(
@@ -86,10 +89,11 @@ def token_logprobs(
     With `share`, each distinct prompt runs once (below). `steady`: take the same
     path whatever the batch holds (a sharded model's forward passes are collectives,
     so every rank must make as many)."""
-    ids, attn, gather, targets, mask = _pack(samples, pad_id)
+    device = model_device(model)
+    ids, attn, gather, targets, mask = _pack(samples, pad_id, device)
     shared = steady or len({tuple(s.prompt_tokens) for s in samples}) < len(samples)
     if share and shared and can_share_prompts(model):
-        picked = _shared_prompt_logits(model, samples, pad_id)
+        picked = _shared_prompt_logits(model, samples, pad_id, device)
     else:
         logits = model(input_ids=ids, attention_mask=attn).logits
         idx = gather[:, :, None].expand(-1, -1, logits.shape[-1])
@@ -128,7 +132,7 @@ def can_share_prompts(model) -> bool:
     )
 
 
-def _shared_prompt_logits(model, samples: list[Sample], pad_id: int) -> torch.Tensor:
+def _shared_prompt_logits(model, samples: list[Sample], pad_id: int, device) -> torch.Tensor:
     """The logits [B, T, V] that score each completion token, computed with each
     distinct prompt run once: the prompts (right-padded) fill a key/value cache, each
     sample takes its prompt's row of it, and the completions run on top with their
@@ -142,40 +146,44 @@ def _shared_prompt_logits(model, samples: list[Sample], pad_id: int) -> torch.Te
     row = [prompts.setdefault(tuple(s.prompt_tokens), len(prompts)) for s in samples]
     plen = [len(p) for p in prompts]
     width = max(plen)
-    p_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    p_attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    cpu = torch.device("cpu")
+    p_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=cpu)
+    p_attn = torch.zeros((len(prompts), width), dtype=torch.long, device=cpu)
     for i, p in enumerate(prompts):
-        p_ids[i, : len(p)] = torch.tensor(p)
+        p_ids[i, : len(p)] = torch.tensor(p, device=cpu)
         p_attn[i, : len(p)] = 1
     cache = DynamicCache()
     # only the logits at each prompt's last position are used: the LM head runs there alone
     lasts = sorted({p - 1 for p in plen})
-    keep = _logits_at(model, torch.tensor(lasts))
+    keep = _logits_at(model, torch.tensor(lasts, device=device))
     p_logits = model(
-        input_ids=p_ids, attention_mask=p_attn, **with_cache(model, cache), **keep
-    ).logits
-    which = torch.tensor(row)
+        input_ids=p_ids.to(device), attention_mask=p_attn.to(device),
+        **with_cache(model, cache), **keep,
+    ).logits  # fmt: skip
+    which = torch.tensor(row, device=device)
     cache.batch_select_indices(which)  # one row of keys/values per sample (differentiable)
 
     comp_width = max(len(s.completion_tokens) for s in samples)
-    c_ids = torch.full((len(samples), comp_width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(samples), width + comp_width), dtype=torch.long)
-    pos = torch.zeros((len(samples), comp_width), dtype=torch.long)
+    c_ids = torch.full((len(samples), comp_width), pad_id, dtype=torch.long, device=cpu)
+    attn = torch.zeros((len(samples), width + comp_width), dtype=torch.long, device=cpu)
+    pos = torch.zeros((len(samples), comp_width), dtype=torch.long, device=cpu)
     for i, s in enumerate(samples):
         n, p = len(s.completion_tokens), plen[row[i]]
-        c_ids[i, :n] = torch.tensor(s.completion_tokens)
+        c_ids[i, :n] = torch.tensor(s.completion_tokens, device=cpu)
         attn[i, :p] = 1
         attn[i, width : width + comp_width] = 1  # padding after the completion predicts nothing
-        pos[i] = torch.arange(p, p + comp_width)
+        pos[i] = torch.arange(p, p + comp_width, device=cpu)
     # the last completion position predicts nothing
-    rest = _logits_at(model, torch.arange(comp_width - 1))
+    rest = _logits_at(model, torch.arange(comp_width - 1, device=device))
     c_logits = model(
-        input_ids=c_ids, attention_mask=attn, position_ids=pos, **with_cache(model, cache), **rest
-    ).logits
+        input_ids=c_ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+        **with_cache(model, cache), **rest,
+    ).logits  # fmt: skip
     if not rest:
         c_logits = c_logits[:, :-1]
     at = {t: k for k, t in enumerate(lasts)} if keep else {t: t for t in lasts}
-    last = p_logits[which, torch.tensor([at[plen[r] - 1] for r in row])]  # scores token 0
+    first = torch.tensor([at[plen[r] - 1] for r in row], device=device)
+    last = p_logits[which, first]  # scores token 0
     return torch.cat([last[:, None], c_logits], dim=1)
 
 
@@ -281,7 +289,8 @@ def grpo_update(
             is_w, excluded = importance_weights(prox, behav, mask, correction)
             if weight:
                 mismatch.add(idx, prox, behav, mask, excluded)
-            adv = torch.tensor([s.advantage for s in mb], dtype=logp.dtype)[:, None]
+            adv = torch.tensor([s.advantage for s in mb], dtype=logp.dtype, device=logp.device)
+            adv = adv[:, None]
             out = step_loss(
                 logp, prox, adv, mask, is_w, norms_of[m], cfg, entropy,
                 None if ref_mb is None else ref_mb[:, :width],
@@ -296,7 +305,9 @@ def grpo_update(
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
         optimizer.step()
     if world > 1:
-        sums = _sum_over_ranks([loss_sum, clipped, tokens, ent, kl, *mismatch.flat()])
+        sums = _sum_over_ranks(
+            [loss_sum, clipped, tokens, ent, kl, *mismatch.flat()], model_device(model)
+        )
         loss_sum, clipped, tokens, ent, kl = sums[:5]
         mismatch = Mismatch.unflat(sums[5:])
     return StepStats(
@@ -334,14 +345,16 @@ def _behav(mb: list[Sample], width: int, prox: torch.Tensor) -> torch.Tensor:
     for i, s in enumerate(mb):
         if s.behav_logprobs is not None:
             n = len(s.behav_logprobs)
-            out[i, :n] = torch.tensor(s.behav_logprobs, dtype=out.dtype)
+            out[i, :n] = torch.tensor(s.behav_logprobs, dtype=out.dtype, device=out.device)
     return out
 
 
-def _sum_over_ranks(values: list[float]) -> list[float]:
+def _sum_over_ranks(values: list[float], device) -> list[float]:
+    """The sums over the ranks (on the process group's device: NCCL takes only CUDA
+    tensors, gloo CPU ones)."""
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
 

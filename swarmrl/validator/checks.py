@@ -266,9 +266,10 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
                 stats["max_mantissa_mean"], *(c.mantissa_mean for c in cs)
             )
             r = rows[j]
-            tokens = torch.tensor(r["completion_tokens"])
+            tokens = torch.tensor(r["completion_tokens"], device=logits.device)
             own = sampling_logprobs(logits, tokens, s.temperature, s.top_p)
-            err = (own - torch.tensor(r["completion_logprobs"])).abs()
+            claimed = torch.tensor(r["completion_logprobs"], device=own.device, dtype=own.dtype)
+            err = (own - claimed).abs()
             per_sample[j] = float(err.mean())
             lp_sum, lp_count = lp_sum + float(err.sum()), lp_count + len(err)
             res = check_sampling(

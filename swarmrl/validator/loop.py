@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from swarmrl.config import RunConfig
+from swarmrl.device import describe, resolve_device
 from swarmrl.inference.engine import PrefillEngine, make_engine
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.assign import parse_rollout_key
@@ -162,15 +163,18 @@ def run_validator(cfg: RunConfig, index: int) -> None:
     weights = open_weights_source(
         cfg, f"validator-{index}", keep=cfg.async_level + 2, client=client
     )
-    backend = make_engine(cfg, prefill=True)
+    device = resolve_device(cfg.validator.device, "validator.device")
+    backend = make_engine(cfg, device, prefill=True)
     backend.load(Path(cfg.model.path))  # architecture and tokenizer ids; versions swap in
     judge = Judge(cfg, backend, weights, key)
-    log.info("validator %d started", index)
+    where = describe(device)
+    log.info("validator %d started on %s", index, where)
     while True:
         newest = weights.newest()
         r = client.call(
-            "POST", "/v1/validation/claim", {"max_policy": -1 if newest is None else newest}
-        )
+            "POST", "/v1/validation/claim",
+            {"max_policy": -1 if newest is None else newest, "device": where},
+        )  # fmt: skip
         if r["done"] and r["file"] is None:
             log.info("the orchestrator reports the run done; validator exits")
             return

@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from swarmrl.device import resolve_device  # noqa: E402
 from swarmrl.trainer.fsdp import (  # noqa: E402
     full_state_dict,
     init_distributed,
@@ -30,9 +31,10 @@ from tests.unit.fsdp_case import case  # noqa: E402
 
 def main() -> None:
     torch.set_num_threads(1)
-    rank, world = init_distributed()
+    device = resolve_device("cpu", "trainer.device")
+    rank, world = init_distributed(device)
     model, samples, cfg, budget = case(share=sys.argv[2] == "shared")
-    shard(model)
+    shard(model, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     stats = grpo_update(model, None, opt, samples, cfg, budget, 0, rank, world)
     weights = full_state_dict(model)

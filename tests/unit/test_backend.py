@@ -91,13 +91,14 @@ def test_backend_is_chosen_in_one_place(monkeypatch):
     with pytest.raises(ValueError, match="unknown inference backend"):
         resolve_engine("sglang")
     cfg = load_config(None, ["inference.max_batch=7"])
-    be = make_engine(cfg, name="hf")
-    assert isinstance(be, HFBackend) and be.max_batch == 7
+    cpu = torch.device("cpu")
+    be = make_engine(cfg, cpu, name="hf")
+    assert isinstance(be, HFBackend) and be.max_batch == 7 and be.device == "cpu"
     monkeypatch.setattr("swarmrl.inference.vllm.vllm_available", lambda: False)
     with pytest.raises(ConfigError, match="make vllm"):
-        make_engine(cfg, name="vllm")
+        make_engine(cfg, cpu, name="vllm")
     vllm_cfg = load_config(None, ["inference.backend=vllm"])
-    judge = make_engine(vllm_cfg, prefill=True)  # a validator's engine: the HF prefill
+    judge = make_engine(vllm_cfg, cpu, prefill=True)  # a validator's engine: the HF prefill
     assert isinstance(judge, HFBackend) and judge.dtype == vllm_cfg.model.dtype
     assert judge.device == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(InstallError, match=CPU_INDEX.replace(".", r"\.")):
