@@ -315,7 +315,17 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
 
     steps = 6
     # level 1 from the start, so that the easy-level cheater's level-0 prompts are a cheat
-    cmd = swarm_cmd(tmp_path, tiny_model, f"trainer.steps={steps}", "curriculum.start_level=1")
+    # Entry, probation and scarce work are tested apart (test_orchestrator_entry.py,
+    # test_orchestrator_admission.py); here every cheater must get work within six steps:
+    # a cheap proof of work (at 20 bits one took 6 s on a loaded machine), and room for a
+    # file of each of the 13 nodes at once, for proven and new nodes alike (by default
+    # both hold trainer.batch_groups = 16 groups: two files, so most cheaters waited out
+    # the run; one run judged 5 of the 11)
+    cmd = swarm_cmd(
+        tmp_path, tiny_model, f"trainer.steps={steps}", "curriculum.start_level=1",
+        "orchestrator.register_work_bits=8", "orchestrator.probation_groups=104",
+        "worker.max_pending_groups=104",
+    )  # fmt: skip
     cmd[4:4] = ["--cheaters", str(len(CHEATS)), "--cheats", ",".join(CHEATS)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

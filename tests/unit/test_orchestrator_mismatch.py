@@ -171,7 +171,8 @@ def test_an_outlier_on_unchecked_files_becomes_suspect_and_is_validated(orch, ca
     table = ledger_table(o.http.get("/v1/ledger").json(), now=o.clock())
     assert "mismatch KL over steps 0..3" in table.splitlines()[0]
     row = next(line.split() for line in table.splitlines() if line.startswith(c[:16]))
-    assert row[-3:] == ["0.14", "-", "yes"]  # steps 1..3: (0.2 + 0.2 + 0.01) / 3, rounded
+    # steps 1..3: (0.2 + 0.2 + 0.01) / 3, rounded; then the node's device ('-': none reported)
+    assert row[-4:] == ["0.14", "-", "yes", "-"]
 
 
 def test_files_of_a_suspect_returned_by_a_resume_go_to_validation(orch):

@@ -110,7 +110,7 @@ def test_status_table_shows_states_contributions_and_stakes(granted):
     assert "trainer step 1, policy 0" in lines[0]
     assert lines[1].split() == ["node", "role", "state", "seen", "accepted", "pending",
                                 "rejected", "void", "final", "stake", "slashed",
-                                "kl-unchecked", "kl-checked", "suspect"]  # fmt: skip
+                                "kl-unchecked", "kl-checked", "suspect", "device"]  # fmt: skip
     row = lines[2].split()
-    assert row[1:3] == ["worker", "healthy"] and row[-5:] == ["100.0", "0.0", "-", "-", "no"]
+    assert row[1:3] == ["worker", "healthy"] and row[-6:-1] == ["100.0", "0.0", "-", "-", "no"]
     assert row[6] == "1"
