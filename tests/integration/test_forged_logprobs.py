@@ -15,7 +15,7 @@ from tests.integration.conftest import read_metrics, swarm_cmd
 
 def test_forged_logprobs_are_bounded_flagged_and_then_validated(tiny_model, tmp_path):
     cmd = swarm_cmd(
-        tmp_path, tiny_model, "trainer.steps=8", "validator.sample_rate=0.01",
+        tmp_path, tiny_model, "trainer.steps=8", "validator.sample_rate=1e-4",
         "trainer.is_correction=\"token_tis\"", "trainer.is_cap=2.0",
     )  # fmt: skip
     cmd[4:4] = ["--cheaters", "1", "--cheats", "forged-logprobs"]
@@ -27,9 +27,11 @@ def test_forged_logprobs_are_bounded_flagged_and_then_validated(tiny_model, tmp_
     db = sqlite3.connect(run / "orchestrator" / "state.sqlite")
 
     # flagged on the mismatch of its unchecked files, far above the honest nodes'
-    (step, detail) = db.execute(
-        "SELECT step, detail FROM suspects WHERE node = ?", (cheater,)
-    ).fetchone()
+    row = db.execute("SELECT step, detail FROM suspects WHERE node = ?", (cheater,)).fetchone()
+    events = db.execute("SELECT kind, detail FROM events WHERE node = ?", (cheater,)).fetchall()
+    figures = db.execute("SELECT step, node, checked, tokens, kl FROM mismatch").fetchall()
+    assert row is not None, (events, figures, res.stdout[-2000:])
+    step, detail = row
     assert [n for (n,) in db.execute("SELECT node FROM suspects")] == [cheater]
     kl = dict(db.execute("SELECT node, MAX(kl) FROM mismatch WHERE checked = 0 GROUP BY node"))
     honest = [v for k, v in kl.items() if k != cheater]
