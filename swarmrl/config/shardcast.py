@@ -55,3 +55,19 @@ class ShardcastConfig(Section):
     max_upload_mbps: float = Field(
         0.0, ge=0.0, description="Upload cap of the origin and relays in MB/s (0: none)."
     )
+    patch_max_fraction: float = Field(
+        0.5, ge=0.0, le=1.0,
+        description="The trainer publishes version n also as a patch from version n-1 "
+        "(the bytes that changed, XOR + zstd) when it is at most this fraction of the full "
+        "version's bytes (0: no patches). Pays in bfloat16 (model.publish_dtype).",
+    )  # fmt: skip
+    anchor_every: int = Field(
+        16, ge=0, le=1_000_000,
+        description="Every this many versions one goes without a patch (an anchor), so a "
+        "node that fell behind walks a bounded chain of patches (0: no anchors).",
+    )  # fmt: skip
+    use_patches: bool = Field(
+        True,
+        description="Nodes that hold the base of a version's patch fetch the patch instead "
+        "of the files when it is fewer bytes (the result is checked against the manifest).",
+    )

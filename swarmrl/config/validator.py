@@ -29,20 +29,30 @@ class ValidatorConfig(Section):
     max_mantissa_median: float = Field(
         8.0, ge=0.0, le=128.0, description="TOPLOC: median mantissa error allowed per chunk."
     )
-    sampling_tolerance: float = Field(
-        0.01,
+    sampling_tolerance: float | None = Field(
+        None,
         ge=0.0,
         le=10.0,
         description="Near-tie tolerance of the Gumbel-max check, in units of logits/T: "
-        "must exceed twice the logit error between worker and validator (float32 CPU: "
-        "< 1e-4; bfloat16 GPUs need more).",
+        "must exceed twice the logit error between worker and validator (default by the "
+        "dtype versions run in: float32 0.01, bfloat16 1.0; docs/results.md).",
+    )
+    sampling_mean_tolerance: float | None = Field(
+        None,
+        ge=0.0,
+        le=10.0,
+        description="Largest mean over a file's tokens of the Gumbel-max check's margin (how "
+        "far a token's score falls short of the best, in logits/T; zero but at near-ties for "
+        "an honest worker). Default by the dtype versions run in: float32 0.01 (the per-token "
+        "tolerance: no further bound), bfloat16 0.005; docs/results.md.",
     )
     logprob_tolerance: float | None = Field(
         None,
         ge=0.0,
         le=10.0,
         description="Largest mean difference over a file between a worker's log-probs and "
-        "the validator's (default by model.dtype: float32 2e-5, bfloat16 1e-2).",
+        "the validator's (default by the dtype versions run in, model.publish_dtype: "
+        "float32 2e-5, bfloat16 0.1; docs/results.md).",
     )
     max_batch_tokens: int = Field(
         16384, ge=256, le=1 << 24, description="Padded tokens per validation prefill."

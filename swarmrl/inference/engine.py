@@ -11,6 +11,9 @@ so `make_engine(..., prefill=True)` gives `HFBackend` whatever
 `inference.backend` says: validators judge with transformers, workers may
 generate with either.
 
+Dtype: both engines run each version in the dtype its files hold, which the
+trainer chose (`model.publish_dtype`); workers and validators need no setting.
+
 Device: the caller resolves its process's setting (swarmrl/device.py: a
 worker's `--device`, `validator.device`) and the transformers engine runs
 there. vLLM runs where its build runs (CUDA: the first visible GPU; its CPU
@@ -88,14 +91,14 @@ def make_engine(
     if which == "hf":
         from swarmrl.inference.hf import HFBackend
 
-        return HFBackend(dtype=cfg.model.dtype, device=str(device), max_batch=inf.max_batch)
+        return HFBackend(device=str(device), max_batch=inf.max_batch)  # the versions' dtype
     from swarmrl.inference.vllm import VLLMBackend, vllm_available
 
     if not vllm_available():
         raise ConfigError(VLLM_MISSING)  # the CLI prints it and exits 2
     _check_vllm_device(device)
     return VLLMBackend(
-        dtype=cfg.model.dtype, max_batch=inf.max_batch, kv_cache_gb=inf.kv_cache_gb,
+        max_batch=inf.max_batch, kv_cache_gb=inf.kv_cache_gb,
         threads=threads, gpu_memory=inf.gpu_memory,
     )  # fmt: skip
 

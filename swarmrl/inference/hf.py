@@ -55,10 +55,43 @@ class _LastStates:
         self.handle.remove()
 
 
-class HFBackend:
-    """The engine over a transformers model on CPU or one GPU: `generate` and `prefill`."""
+def float32_head(model) -> None:
+    """Compute the LM head in float32 when the model runs in a lower precision.
 
-    def __init__(self, dtype: str = "float32", device: str = "cpu", max_batch: int = 256):
+    A bfloat16 logit has 8 bits of mantissa: at a magnitude of 16 to 32 its step is
+    0.125, so a worker's decode and a validator's prefill, which round differently,
+    disagree by tenths of a logit, and the sampling and log-prob checks must allow
+    that much. The head's input (the final-norm state) and weight are upcast and
+    the product taken in float32; the weight's float32 copy is kept while the
+    weight is unchanged (a hot swap writes it in place, which bumps its version).
+    Both engines' users (worker and validator) get the same head."""
+    import types
+
+    import torch
+
+    head = model.get_output_embeddings()
+    if head is None or head.weight.dtype == torch.float32:
+        return
+    head._float32 = (None, -1)
+
+    def forward(self, x):
+        weight, seen = self._float32
+        if weight is None or seen != self.weight._version:
+            weight = self.weight.detach().float()
+            self._float32 = (weight, self.weight._version)
+        bias = None if self.bias is None else self.bias.float()
+        return torch.nn.functional.linear(x.float(), weight, bias)
+
+    head.forward = types.MethodType(forward, head)
+
+
+class HFBackend:
+    """The engine over a transformers model on CPU or one GPU: `generate` and `prefill`.
+
+    `dtype` 'auto' runs each version in the dtype its files hold (the trainer's
+    `model.publish_dtype`; float32 for a GGUF file); a dtype name casts to it."""
+
+    def __init__(self, dtype: str = "auto", device: str = "cpu", max_batch: int = 256):
         self.dtype = dtype
         self.device = device
         self.max_batch = max_batch
@@ -75,6 +108,7 @@ class HFBackend:
 
     def _adopt(self, model) -> None:
         self.model = model
+        float32_head(model)
         cfg = model.config
         eos = cfg.eos_token_id
         self.eos_id = eos[0] if isinstance(eos, list) else eos
@@ -88,8 +122,10 @@ class HFBackend:
         from swarmrl.models.loading import load_model
 
         path = Path(path)
-        if self.model is None:
-            self._adopt(load_model(str(path), self.dtype).to(self.device))
+        want = self.run_dtype_for(path)
+        if self.model is None or self.running_dtype != want:  # first load, or a new dtype
+            self.model = None
+            self._adopt(load_model(str(path), want).to(self.device))
             return
         state = {}
         for f in sorted(path.glob("*.safetensors")):
@@ -103,6 +139,21 @@ class HFBackend:
             )
         with torch.no_grad():
             self.model.tie_weights()
+
+    def run_dtype_for(self, path: Path) -> str:
+        """The dtype a version at `path` runs in on this engine."""
+        from swarmrl.models.loading import stored_dtype
+
+        if self.dtype != "auto":
+            return self.dtype
+        return stored_dtype(path) or "float32"
+
+    @property
+    def running_dtype(self) -> str | None:
+        """The dtype of the loaded model's weights ('float32', 'bfloat16'), None before."""
+        if self.model is None:
+            return None
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     def generate(self, prompts, seeds, max_new_tokens, temperature, top_p, proofs=True):
         """One completion per prompt, drawn with its own seed; with TOPLOC proofs if asked."""

@@ -220,7 +220,7 @@ class VLLMBackend:
 
     def __init__(
         self,
-        dtype: str = "float32",
+        dtype: str = "auto",
         max_batch: int = 256,
         kv_cache_gb: int = 2,
         threads: int | None = None,
@@ -228,6 +228,7 @@ class VLLMBackend:
         gpu_memory: float = 0.9,
     ):
         self.dtype = dtype
+        self.running_dtype: str | None = None  # set when the engine starts
         self.gpu_memory = gpu_memory
         self.max_batch = max_batch
         self.kv_cache_gb = kv_cache_gb
@@ -258,12 +259,26 @@ class VLLMBackend:
         if self.llm is None:
             self._start(path)
         else:
+            if self.run_dtype_for(path) != self.running_dtype:
+                raise RuntimeError(
+                    f"{path} holds {self.run_dtype_for(path)} weights; this vLLM engine runs "
+                    f"{self.running_dtype} (restart the worker to change dtype)"
+                )
             t0 = time.perf_counter()
             self.llm.collective_rpc(_reload, args=(str(path),))
             if not self.llm.reset_prefix_cache():
                 raise RuntimeError("vLLM could not reset its prefix cache after a weights swap")
             self.swap_s = time.perf_counter() - t0
         self._verify(path)
+
+    def run_dtype_for(self, path: Path) -> str:
+        """The dtype a version at `path` runs in: its files' with 'auto' (vLLM's own
+        'auto' would run float32 weights in float16)."""
+        from swarmrl.models.loading import stored_dtype
+
+        if self.dtype != "auto":
+            return self.dtype
+        return stored_dtype(path) or "float32"
 
     def _start(self, path: Path) -> None:
         self._environment()
@@ -279,9 +294,10 @@ class VLLMBackend:
             kwargs["max_model_len"] = self.max_model_len
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = self.gpu_memory
+        self.running_dtype = self.run_dtype_for(path)
         self.llm = LLM(
             model=str(path),
-            dtype=self.dtype,
+            dtype=self.running_dtype,
             skip_tokenizer_init=True,
             logits_processors=[_processor_class()],
             max_num_seqs=self.max_batch,

@@ -101,3 +101,51 @@ def load_model(path: str, dtype: str = "float32"):
         model.hf_quantizer.remove_quantization_config(model)
     model.eval()
     return model
+
+
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def stored_dtype(path) -> str | None:
+    """The floating dtype a model directory's safetensors files hold ('float32',
+    'bfloat16' or 'float16'), read from their headers; None where there are none (a
+    GGUF file). A directory whose floating tensors disagree is a ModelLoadError."""
+    import json
+    import struct
+
+    found: set[str] = set()
+    path = Path(path)
+    for f in sorted(path.glob("*.safetensors")) if path.is_dir() else []:
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                raise ModelLoadError(f"{f}: not a safetensors file (no header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > 100 << 20:
+                raise ModelLoadError(f"{f}: a safetensors header of {n} bytes")
+            try:
+                header = json.loads(fh.read(n))
+            except ValueError:
+                raise ModelLoadError(f"{f}: unreadable safetensors header") from None
+        for name, entry in header.items():
+            if name != "__metadata__" and entry.get("dtype") in SAFETENSORS_DTYPES:
+                found.add(SAFETENSORS_DTYPES[entry["dtype"]])
+    if len(found) > 1:
+        raise ModelLoadError(f"{path}: weights in several floating dtypes {sorted(found)}")
+    return found.pop() if found else None
+
+
+def set_config_dtype(directory, dtype: str) -> None:
+    """Make a saved model directory's config.json name `dtype` as its weights' dtype
+    (save_pretrained writes the in-memory model's, and the trainer publishes a copy
+    cast to `model.publish_dtype`): engines that read the config load what is there."""
+    import json
+
+    path = Path(directory) / "config.json"
+    config = json.loads(path.read_text())
+    config["dtype"] = dtype
+    if "torch_dtype" in config:
+        config["torch_dtype"] = dtype
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)

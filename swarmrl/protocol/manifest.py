@@ -4,6 +4,13 @@
 (shards of `shard_bytes`, 50 MB by default), and is written last, atomically
 (temp file + rename): a version is complete exactly when its manifest exists.
 
+A version may also carry patches (protocol/patch.py): `patches` lists, for a
+base version, the whole-file sha256 of each of the base's files and the patch
+file (a `FileEntry` with its shards, like any file: `<name>.patch`, served and
+hash-checked shard by shard). `files` always describes the full version, which
+is what a patch must rebuild. A manifest without patches is signed exactly as
+before patches existed.
+
 Signing: `signature` is the trainer's ed25519 signature (hex) of
 `b"swarmrl-manifest-v1\n"` + the manifest as canonical JSON (sorted keys, no
 spaces) with `signature` set to "". `signer` (the public key, hex) is inside
@@ -28,6 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field
 MANIFEST = "manifest.json"
 SHARD_BYTES = 50 * 1000 * 1000
 MAX_MANIFEST_BYTES = 1 << 20
+PATCH_SUFFIX = ".patch"
+MAX_PATCHES = 8
 SIGNING_CONTEXT = b"swarmrl-manifest-v1\n"
 
 
@@ -50,6 +59,21 @@ class FileEntry(BaseModel):
     shards: list[Shard]
 
 
+class PatchEntry(BaseModel):
+    """A patch that rebuilds this version from `base_version`, whose files had the
+    whole-file sha256 `base_files` (by name)."""
+
+    model_config = ConfigDict(extra="forbid")
+    base_version: int = Field(ge=0)
+    base_files: dict[str, str] = Field(max_length=10_000)
+    file: FileEntry
+
+    def base_matches(self, base: Manifest) -> bool:
+        return base.version == self.base_version and self.base_files == {
+            f.name: f.sha256 for f in base.files
+        }
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: int = Field(ge=0)
@@ -57,9 +81,15 @@ class Manifest(BaseModel):
     created: float
     signer: str = Field("", pattern=r"^([0-9a-f]{64})?$")
     signature: str = Field("", pattern=r"^([0-9a-f]{128})?$")
+    patches: list[PatchEntry] = Field(default_factory=list, max_length=MAX_PATCHES)
 
     def file(self, name: str) -> FileEntry | None:
-        return next((f for f in self.files if f.name == name), None)
+        """A file of the version or a patch file, by name."""
+        every = [*self.files, *(p.file for p in self.patches)]
+        return next((f for f in every if f.name == name), None)
+
+    def patch_from(self, base: int) -> PatchEntry | None:
+        return next((p for p in self.patches if p.base_version == base), None)
 
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
@@ -67,6 +97,8 @@ class Manifest(BaseModel):
     def signing_payload(self) -> bytes:
         body = self.model_dump()
         body["signature"] = ""
+        if not body["patches"]:  # signed as manifests were before patches existed
+            del body["patches"]
         return SIGNING_CONTEXT + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     def signed(self, key: SigningKey) -> Manifest:
@@ -118,23 +150,36 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def version_files(directory: Path) -> list[Path]:
+    """The files of the version in `directory` (not its manifest, patches or temp files)."""
+    return sorted(
+        p
+        for p in directory.iterdir()
+        if p.is_file()
+        and p.name != MANIFEST
+        and not p.name.startswith(".")
+        and not p.name.endswith(PATCH_SUFFIX)
+    )
+
+
 def write_manifest(
     directory: Path,
     version: int,
     shard_bytes: int = SHARD_BYTES,
     key: SigningKey | None = None,
+    entries: list[FileEntry] | None = None,
+    patches: list[PatchEntry] | None = None,
 ) -> Manifest:
-    files = sorted(
-        p
-        for p in directory.iterdir()
-        if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
-    )
-    manifest = Manifest(
-        version=version, files=[hash_file(p, shard_bytes) for p in files], created=time.time()
-    )
+    """Hash (unless `entries` are given), sign and commit the version in `directory`."""
+    files = version_files(directory)
+    if entries is None:
+        entries = [hash_file(p, shard_bytes) for p in files]
+    manifest = Manifest(version=version, files=entries, created=time.time(), patches=patches or [])
     if key is not None:
         manifest = manifest.signed(key)
-    _fsync_all(files, directory)  # the data is durable before the manifest says "complete"
+    _fsync_all(
+        files + [directory / p.file.name for p in manifest.patches], directory
+    )  # the data is durable before the manifest says "complete"
     write_json_atomic(directory / MANIFEST, manifest.model_dump())
     return manifest
 
@@ -162,9 +207,17 @@ def parse_manifest(data: bytes, where: str = "manifest") -> Manifest:
     except ValueError as e:
         raise ManifestError(f"{where}: malformed manifest: {e}") from None
     names = [f.name for f in m.files]
-    if len(set(names)) != len(names) or MANIFEST in names:
-        raise ManifestError(f"{where}: duplicate or reserved file names")
-    for f in m.files:
+    patch_names = [p.file.name for p in m.patches]
+    if (
+        len(set(names + patch_names)) != len(names) + len(patch_names)
+        or MANIFEST in names
+        or any(n.endswith(PATCH_SUFFIX) for n in names)
+        or not all(n.endswith(PATCH_SUFFIX) for n in patch_names)
+        or len({p.base_version for p in m.patches}) != len(m.patches)
+        or any(p.base_version >= m.version for p in m.patches)
+    ):
+        raise ManifestError(f"{where}: duplicate, reserved or misnamed files or patches")
+    for f in [*m.files, *(p.file for p in m.patches)]:
         pos = 0
         for sh in f.shards:
             if sh.offset != pos:
@@ -182,13 +235,16 @@ def read_manifest(directory: Path) -> Manifest:
     return parse_manifest(path.read_bytes(), str(path))
 
 
-def verify_version(directory: Path, trusted_key: str | None = None) -> Manifest:
-    """Check every listed file against its size and sha256 (and, given a trusted
-    key, the manifest's signature); raise ManifestError on any mismatch."""
+def verify_version(
+    directory: Path, trusted_key: str | None = None, patches: bool = False
+) -> Manifest:
+    """Check every listed file (with `patches`, the patch files too) against its size
+    and sha256 (and, given a trusted key, the manifest's signature); raise ManifestError
+    on any mismatch."""
     manifest = read_manifest(directory)
     if trusted_key is not None:
         manifest.check_signature(trusted_key)
-    for entry in manifest.files:
+    for entry in [*manifest.files, *(p.file for p in manifest.patches if patches)]:
         p = directory / entry.name
         if not p.is_file() or p.stat().st_size != entry.size:
             raise ManifestError(f"{p}: missing or wrong size (manifest says {entry.size} bytes)")

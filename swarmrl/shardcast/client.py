@@ -14,6 +14,18 @@ refetched from the start elsewhere; that server is not asked for that shard
 again. A mismatch in bytes from several servers blames none of them: the
 shard is refetched whole from one server.
 
+Patches (protocol/patch.py): a version whose manifest carries a patch from a
+version this client holds is fetched as that patch (its shards, checked like
+any shard), applied to the held version, and installed only once every
+rebuilt file has the manifest's sha256. A client further behind fetches the
+manifests in between and walks the chain of patches when the chain is fewer
+bytes than the full version, installing each version on the way. A patch
+that does not rebuild its version (a base that is not the one it names) is
+given up for the full files. A server that sends a patch's bytes wrong is
+caught by the shard hash and reported like any other (`bad_data`). With
+`mirror_patches` (relays) the patch files are fetched along with the full
+files, so that the relay can serve them on.
+
 Memory: shard bodies go from the socket into one 1 MB buffer per connection
 (fastget.py) and from there to `pwrite` and the hash, so a client holds a few
 MB of buffers whatever the checkpoint size. Files are not fsynced: a version
@@ -46,7 +58,9 @@ from swarmrl.protocol.manifest import (
     ManifestError,
     Shard,
     parse_manifest,
+    read_manifest,
 )
+from swarmrl.protocol.patch import PatchError, apply_patch
 from swarmrl.shardcast.fastget import FastGet
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.servers import ServerPool, ServerStats, ShardcastError
@@ -62,6 +76,7 @@ MAX_VERSIONS_BYTES = 64 * 1024
 MAX_ANNOUNCED = 64  # per server: the newest ones; retention keeps a handful anyway
 FAILED_RETRY_S = 10.0  # a version given up on is tried again after this long
 MIN_SHARD_BPS = 256 * 1024  # slower than this (after a 10 s grace) counts as a failure
+MAX_CHAIN = 16  # patches walked at most to catch up; further behind takes the files
 PROGRESS_STEP = 4 << 20  # a relay streams in-flight shards onward in steps of this size
 
 
@@ -92,8 +107,10 @@ class _ShardState:
 class Fetched:
     version: int
     seconds: float
-    bytes: int
+    bytes: int  # downloaded for this version
     latency_s: float  # from the manifest's creation (publish) to having the version
+    full_bytes: int = 0  # the version's files
+    patched_from: int | None = None  # the version its patch was applied to
 
 
 ProgressFn = Callable[[int, str, int, int], None]
@@ -148,6 +165,8 @@ class Follower:
         on_bad_data: Callable[[str, str], None] | None = None,
         servers_from: Callable[[], list[str]] | None = None,
         refresh_s: float = 30.0,
+        patches: bool = True,
+        mirror_patches: bool = False,
     ):
         self.server_urls = servers
         self.servers_from = servers_from
@@ -165,6 +184,8 @@ class Follower:
         self.on_drop = on_drop
         self.on_fetched = on_fetched
         self.on_bad_data = on_bad_data
+        self.patches = patches  # take a patch when it is fewer bytes
+        self.mirror_patches = mirror_patches  # fetch patch files with the full files
         self.pool: ServerPool | None = None
         self.fastget = FastGet()
         self.failed: dict[int, str] = {}  # versions given up on, with the reason
@@ -308,43 +329,109 @@ class Follower:
             got = await self._fetch_manifest(session, version)
             if got is None:
                 return
-            manifest, raw = got
-            t0 = time.time()
-            d = self.local.staging_dir(version)
-            try:
-                await self._fetch_shards(session, manifest, raw, d)
-            except ShardcastError as e:
-                log.error("version %d: %s; trying it again later", version, e)
-                self._fail(version, str(e))
-                shutil.rmtree(d, ignore_errors=True)
-                if self.on_drop:
-                    self.on_drop(version)
-                return
-            tmp = d / f".{MANIFEST}.tmp"
-            tmp.write_bytes(raw)
-            os.replace(tmp, d / MANIFEST)
-            now = time.time()
-            fetched = Fetched(version, now - t0, manifest.total_bytes(), now - manifest.created)
-            log.info(
-                "version %d: %.1f MB in %.2fs (%.2fs after publish); servers %s",
-                version,
-                fetched.bytes / 1e6,
-                fetched.seconds,
-                fetched.latency_s,
-                self.pool.snapshot(),
-            )
-            if self.on_complete:
-                self.on_complete(version)
-            for v in self.local.retain():
-                if self.on_drop:
-                    self.on_drop(v)
-            if self.on_fetched:
-                self.on_fetched(fetched)
+            for m, raw, patch in await self._patch_route(session, *got):
+                if not await self._install(session, m, raw, patch):
+                    break
+                if m.version == version:
+                    return
+            await self._install(session, *got, None)
         finally:
             self.in_flight = None
 
+    async def _patch_route(self, session, manifest: Manifest, raw: bytes) -> list:
+        """[(manifest, raw, patch)] from the newest version held to `manifest`'s, one
+        patch each, when that is fewer bytes than the full version; else []."""
+        have = self.local.versions()
+        if not self.patches or not have or not manifest.patches:
+            return []
+        try:
+            held = read_manifest(self.local.path(have[-1]))
+        except (OSError, ManifestError):  # recovered: a version we cannot read is no base
+            return []
+        chain: list = [(manifest, raw)]
+        while chain[0][0].version > held.version + 1 and len(chain) <= MAX_CHAIN:
+            v = chain[0][0].version - 1
+            if v not in self._announced():
+                return []
+            got = await self._fetch_manifest(session, v, give_up=False)
+            if got is None:
+                return []
+            chain.insert(0, got)
+        route, before, size = [], held, 0
+        for m, r in chain:
+            patch = m.patch_from(before.version)
+            if patch is None or not patch.base_matches(before):
+                return []
+            route.append((m, r, patch))
+            size += patch.file.size
+            before = m
+        return route if size < manifest.total_bytes() else []
+
+    async def _install(self, session, manifest: Manifest, raw: bytes, patch) -> bool:
+        """Fetch `manifest`'s version (from `patch` and the version it names, or whole)
+        and install it; False when it could not be."""
+        version = manifest.version
+        t0 = time.time()
+        d = self.local.staging_dir(version)
+        if patch is not None:
+            wanted = [patch.file]
+        else:
+            wanted = [*manifest.files, *(p.file for p in manifest.patches if self.mirror_patches)]
+        try:
+            await self._fetch_shards(session, manifest, raw, d, wanted)
+            if patch is not None:
+                await asyncio.to_thread(self._apply, manifest, patch, d)
+        except (ShardcastError, PatchError) as e:
+            if isinstance(e, PatchError):
+                log.warning("version %d: patch from %d refused (%s); fetching the files",
+                            version, patch.base_version, e)  # fmt: skip
+            else:
+                log.error("version %d: %s; trying it again later", version, e)
+                self._fail(version, str(e))
+            shutil.rmtree(d, ignore_errors=True)
+            if self.on_drop:
+                self.on_drop(version)
+            return False
+        tmp = d / f".{MANIFEST}.tmp"
+        tmp.write_bytes(raw)
+        os.replace(tmp, d / MANIFEST)
+        now = time.time()
+        fetched = Fetched(
+            version, now - t0, sum(f.size for f in wanted), now - manifest.created,
+            manifest.total_bytes(), patch.base_version if patch else None,
+        )  # fmt: skip
+        log.info(
+            "version %d: %.1f MB%s in %.2fs (%.2fs after publish); servers %s",
+            version,
+            fetched.bytes / 1e6,
+            f" (patch from {patch.base_version})" if patch else "",
+            fetched.seconds,
+            fetched.latency_s,
+            self.pool.snapshot(),
+        )
+        if self.on_complete:
+            self.on_complete(version)
+        for v in self.local.retain():
+            if self.on_drop:
+                self.on_drop(v)
+        if self.on_fetched:
+            self.on_fetched(fetched)
+        return True
+
+    def _apply(self, manifest: Manifest, patch, d: Path) -> None:
+        base = self.local.path(patch.base_version)
+        expect = [(f.name, f.size, f.sha256) for f in manifest.files]
+        self.local.pinned = patch.base_version  # retention must not delete the base meanwhile
+        try:
+            apply_patch(
+                d / patch.file.name, base, patch.base_version, patch.base_files,
+                manifest.version, expect, d,
+            )  # fmt: skip
+        finally:
+            self.local.pinned = None
+
     async def _fetch_manifest(
-        self, session: aiohttp.ClientSession, version: int
+        self, session: aiohttp.ClientSession, version: int, give_up: bool = True
     ) -> tuple[Manifest, bytes] | None:
         tried: set[str] = set()
         while True:
@@ -354,7 +441,8 @@ class Follower:
                 if wait is None or tried or wait > 2.0:
                     # Every announcing server was tried, or all are backing off: do not wait
                     # here (a flood of fake announcements must not stall real versions).
-                    self._fail(version, "no server served a valid manifest")
+                    if give_up:
+                        self._fail(version, "no server served a valid manifest")
                     return None
                 await asyncio.sleep(wait)
                 continue
@@ -382,17 +470,19 @@ class Follower:
                 continue
             return manifest, raw
 
-    async def _fetch_shards(self, session, manifest: Manifest, raw: bytes, d: Path) -> None:
+    async def _fetch_shards(
+        self, session, manifest: Manifest, raw: bytes, d: Path, wanted: list[FileEntry]
+    ) -> None:
         fds: dict[str, tuple[int, int | None]] = {}
         try:
-            for fe in manifest.files:
+            for fe in wanted:
                 fd = os.open(d / fe.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.ftruncate(fd, fe.size)
                 fds[fe.name] = (fd, open_direct(d / fe.name) if self.direct_io else None)
             if self.on_manifest:  # a relay announces the version now, shards in flight
                 self.on_manifest(manifest, raw, d)
             queue: asyncio.Queue[tuple[FileEntry, int, Shard]] = asyncio.Queue()
-            for fe in manifest.files:
+            for fe in wanted:
                 for i, sh in enumerate(fe.shards):
                     queue.put_nowait((fe, i, sh))
 

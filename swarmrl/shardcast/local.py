@@ -4,23 +4,41 @@ The trainer writes the HF files of version n into `step_<n>/`, then the
 manifest (last, atomic). Readers consider only directories with a manifest.
 Retention keeps the newest `keep` versions and deletes older ones; a reader that
 loses a race with deletion gets FileNotFoundError and looks again.
+
+Patches (protocol/patch.py): with `patch_max_fraction` > 0, version n also
+carries a patch from the version published before it, when that one is still
+here and the patch is at most that fraction of the full version's bytes; every
+`anchor_every`-th version carries none (an anchor). The full files are always
+written: a node that holds the base takes the patch, any other the files.
+Anchors bound the chain of patches a node that fell behind would walk; past
+an anchor it takes the anchor's full files.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
+import time
 from pathlib import Path
 
 from nacl.signing import SigningKey
 
 from swarmrl.protocol.manifest import (
     MANIFEST,
+    PATCH_SUFFIX,
     SHARD_BYTES,
     Manifest,
+    ManifestError,
+    PatchEntry,
+    hash_file,
+    read_manifest,
     verify_version,
+    version_files,
     write_manifest,
 )
+
+log = logging.getLogger("swarmrl.shardcast")
 
 _VERSION_DIR = re.compile(r"^step_(\d{6,})$")
 
@@ -39,8 +57,13 @@ class LocalWeights:
         key: SigningKey | None = None,
         shard_bytes: int = SHARD_BYTES,
         trusted_key: str | None = None,
+        patch_max_fraction: float = 0.0,
+        anchor_every: int = 0,
     ):
         self.root = Path(root)
+        self.patch_max_fraction = patch_max_fraction
+        self.anchor_every = anchor_every
+        self.last_patch: dict | None = None  # what the last publish did about a patch
         self.keep = keep
         self.key = key
         self.shard_bytes = shard_bytes
@@ -59,12 +82,53 @@ class LocalWeights:
         return d
 
     def publish(self, version: int) -> Manifest:
-        """Hash, shard, sign (when a key was given) and commit version; apply retention."""
-        manifest = write_manifest(
-            self.root / version_dir_name(version), version, self.shard_bytes, self.key
-        )
+        """Hash, shard, patch (module docstring), sign (when a key was given) and commit
+        version; apply retention."""
+        d = self.root / version_dir_name(version)
+        entries = [hash_file(p, self.shard_bytes) for p in version_files(d)]
+        patches = self._patches(version, d, entries)
+        manifest = write_manifest(d, version, self.shard_bytes, self.key, entries, patches)
         self.retain()
         return manifest
+
+    def _patches(self, version: int, d: Path, entries) -> list[PatchEntry]:
+        from swarmrl.protocol.patch import build_patch
+
+        self.last_patch = None
+        older = [v for v in self.versions() if v < version]
+        if self.patch_max_fraction <= 0 or not older:
+            return []
+        if self.anchor_every and version % self.anchor_every == 0:
+            self.last_patch = {"version": version, "anchor": True}
+            return []
+        base = older[-1]
+        try:
+            base_manifest = read_manifest(self.path(base))
+        except (OSError, ManifestError) as e:  # recovered: this version goes without a patch
+            log.warning("version %d: no patch (base %d unreadable: %s)", version, base, e)
+            return []
+        base_sha = {f.name: f.sha256 for f in base_manifest.files}
+        out = d / f"from-{version_dir_name(base)}{PATCH_SUFFIX}"
+        t0 = time.perf_counter()
+        stats = build_patch(
+            self.path(base), base, base_sha, d, version,
+            [(e.name, e.size, e.sha256) for e in entries], out,
+        )  # fmt: skip
+        full = sum(e.size for e in entries)
+        size = out.stat().st_size
+        self.last_patch = {
+            "version": version, "base": base, "bytes": size, "full_bytes": full,
+            "build_s": round(time.perf_counter() - t0, 4), "anchor": False,
+            "changed_words": stats.changed_words, "words": stats.words,
+        }  # fmt: skip
+        if size > self.patch_max_fraction * full:
+            out.unlink()
+            self.last_patch["dropped"] = True
+            return []
+        entry = PatchEntry(
+            base_version=base, base_files=base_sha, file=hash_file(out, self.shard_bytes)
+        )
+        return [entry]
 
     def retain(self) -> list[int]:
         """Delete all but the newest `keep` versions; return the deleted ones."""

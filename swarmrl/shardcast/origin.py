@@ -113,7 +113,7 @@ class Publisher:
     def submit(
         self, version: int, write: Callable[[Path], None], then: Callable[[], None] | None = None
     ) -> None:
-        self._raise_failures()
+        self.raise_failures()
         self._pending.append(self._pool.submit(self._publish, version, write, then))
 
     def _publish(self, version: int, write, then) -> None:
@@ -131,11 +131,14 @@ class Publisher:
             self._failure = e
             raise
 
-    def _raise_failures(self) -> None:
+    def raise_failures(self) -> bool:
+        """Re-raise, in the caller's thread, the error of a publish that failed; False
+        while none has (a `should_stop` for a wait)."""
         done = [f for f in self._pending if f.done()]
         self._pending = [f for f in self._pending if not f.done()]
         for f in done:
             f.result()  # re-raises the publish thread's error here, in the trainer
+        return False
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []

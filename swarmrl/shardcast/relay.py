@@ -35,7 +35,7 @@ def _load_existing(local: LocalWeights, trusted_key: str, table: VersionTable) -
     for v in local.versions():
         d = local.path(v)
         try:
-            manifest = verify_version(d, trusted_key)  # whole files: writes are not fsynced
+            manifest = verify_version(d, trusted_key, patches=True)  # writes are not fsynced
         except ManifestError as e:
             log.warning("deleting version %d on disk: %s", v, e)
             local.delete(v)
@@ -79,6 +79,7 @@ async def serve_relay(
         on_progress=table.progress,
         on_complete=table.mark_complete,
         on_drop=table.drop,
+        mirror_patches=True,  # a relay serves the patches on, to nodes that hold the base
     )
     follow = asyncio.create_task(follower.run(stop))
     stopping = asyncio.create_task(stop.wait())

@@ -179,6 +179,8 @@ def follow_weights(
             "latency_s": round(f.latency_s, 4),
             "download_s": round(f.seconds, 4),
             "bytes": f.bytes,
+            "full_bytes": f.full_bytes,
+            "patched_from": f.patched_from,
             "time": time.time(),
         }
         with open(latency_log, "a") as fh:
@@ -197,5 +199,6 @@ def follow_weights(
         on_bad_data=report,
         servers_from=refresher,
         refresh_s=cfg.shardcast.servers_refresh_s,
+        patches=cfg.shardcast.use_patches,
     )
     return ShardcastWeights(follower).start()

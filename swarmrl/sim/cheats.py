@@ -6,7 +6,8 @@ by that one thing:
 
 - other-model: generates and proves with a copy of the policy moved away from
   it (every weight tensor plus 5% of its own std of noise);
-- low-precision: rounds the policy weights to bfloat16;
+- low-precision: rounds the policy weights one precision down (float32 to bfloat16,
+  bfloat16 to fp8 e4m3);
 - altered-prompt: generates from the assigned prompt with a system line in
   front, and reports the assigned prompt;
 - cheap-tokens: makes tokens with another model (here: a fresh initialisation
@@ -108,13 +109,21 @@ class OtherModel(Cheat):
         perturb(backend.model, self.scale, self.seed)
 
 
+# the next precision down from the policy's: a run published in bfloat16 is cheated in fp8
+LOWER = {
+    torch.float32: torch.bfloat16,
+    torch.bfloat16: torch.float8_e4m3fn,
+    torch.float16: torch.float8_e4m3fn,
+}
+
+
 class LowPrecision(Cheat):
     name = "low-precision"
 
     def after_load(self, backend) -> None:
         with torch.no_grad():
             for p in backend.model.parameters():
-                p.copy_(p.to(torch.bfloat16).to(p.dtype))
+                p.copy_(p.to(LOWER[p.dtype]).to(p.dtype))
 
 
 class AlteredPrompt(Cheat):
@@ -147,7 +156,10 @@ class CheapTokens(Cheat):
             return  # the cheap model does not follow the policy
         torch.manual_seed(1_000_003 + self.seed)  # not the seed any policy was built with
         self.cheap = HFBackend(dtype=backend.dtype, device=backend.device)
-        self.cheap.model = type(backend.model)(backend.model.config).to(backend.device).eval()
+        dtype = next(backend.model.parameters()).dtype
+        self.cheap.model = (
+            type(backend.model)(backend.model.config).to(backend.device, dtype=dtype).eval()
+        )
         self.cheap.eos_id, self.cheap.pad_id = backend.eos_id, backend.pad_id
 
     def complete(self, cfg, backend, plan):

@@ -41,10 +41,10 @@ import torch
 
 from swarmrl.config import ConfigError, RunConfig, RunPaths
 from swarmrl.device import describe, resolve_device
-from swarmrl.models.loading import load_tokenizer
+from swarmrl.models.loading import load_tokenizer, set_config_dtype
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key, parse_public_key, public_key_hex
-from swarmrl.protocol.manifest import ManifestError
+from swarmrl.protocol.manifest import ManifestError, version_files
 from swarmrl.protocol.rollouts import Limits
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.origin import Origin, Publisher
@@ -98,10 +98,23 @@ def _publish(publisher: Publisher, model, snapshot: dict, tokenizer, version: in
     tells the orchestrator (on the publisher's thread, after the manifest is written)."""
 
     def write(d: Path) -> None:
+        # read before saving: save_pretrained may empty the dict it is given
+        floating = next(v.dtype for v in snapshot.values() if v.is_floating_point())
         model.save_pretrained(d, state_dict=snapshot, safe_serialization=True)
         tokenizer.save_pretrained(d)
+        set_config_dtype(d, str(floating).removeprefix("torch."))
 
     publisher.submit(version, write, lambda: announce(version))
+
+
+def _record_published(paths: RunPaths, weights: LocalWeights, version: int) -> None:
+    """A row of published.jsonl: the version's bytes, and its patch (LocalWeights)."""
+    patch = weights.last_patch if (weights.last_patch or {}).get("version") == version else {}
+    full = sum(p.stat().st_size for p in version_files(weights.path(version)))
+    row = {"version": version, "time": time.time(), "full_bytes": full,
+           **{f"patch_{k}": v for k, v in patch.items() if k != "version"}}  # fmt: skip
+    with open(paths.published, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def _open_weights(cfg: RunConfig, paths: RunPaths) -> tuple[LocalWeights, Origin | None]:
@@ -116,6 +129,8 @@ def _open_weights(cfg: RunConfig, paths: RunPaths) -> tuple[LocalWeights, Origin
         key=key,
         shard_bytes=int(sc.shard_mb * 1e6),
         trusted_key=public_key_hex(key),
+        patch_max_fraction=sc.patch_max_fraction,
+        anchor_every=sc.anchor_every,
     )
     origin = Origin(weights, sc.host, sc.origin_port, sc.max_upload_mbps * 1e6)
     origin.start()
@@ -212,7 +227,8 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
         _open_step(client, curriculum, step, policy)
         level = curriculum.issued[step]
         try:
-            batch = collector.collect(step, cfg.trainer.batch_groups)
+            # a publish that failed ends the trainer now, not when the next one is due
+            batch = collector.collect(step, cfg.trainer.batch_groups, publisher.raise_failures)
         except InterruptedError as e:  # the operator stopped the run: end it cleanly
             log.warning("step %d: %s; the trainer stops", step, e)
             policy.stop()
@@ -239,6 +255,7 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
 
         def after_publish(version: int) -> None:
             announce(version)
+            _record_published(paths, weights, version)
             _delete_states_before(paths, version - cfg.async_level)
 
         _publish(publisher, policy.model, snapshot, tokenizer, step, after_publish)

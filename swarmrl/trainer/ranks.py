@@ -22,8 +22,15 @@ number of ranks.
 
 Optimizer checkpoints are DCP directories (`trainer_state/step_N.optim/`,
 written to `.tmp` and renamed by rank 0 once every rank's part is written),
-so a run saved with R ranks resumes with any other number. The model is not
-in them: it is the published version of the same step.
+so a run saved with R ranks resumes with any other number. The model is in
+them only when versions are published in a lower precision than the master
+weights (`model.publish_dtype` bfloat16 over float32 masters): otherwise the
+published version of the same step is the model.
+
+Master and published weights: the trainer's parameters, gradients and AdamW
+state stay in `model.dtype` (float32); `snapshot` rounds a copy to the publish
+dtype (`publish_dtype`: bfloat16 where the trainer is on CUDA unless set), which
+workers and validators then run.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ class Policy:
     rank: int
     world: int
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    publish: torch.dtype = torch.float32  # the dtype versions are published in
     model: object = None
     ref_model: object = None
     optimizer: torch.optim.Optimizer | None = None
@@ -80,9 +88,10 @@ class Policy:
         cfg = self.cfg
         self.pad_id = load_tokenizer(cfg.model.path).pad_token_id
         model = load_model(model_path, cfg.model.dtype)
+        self.publish = publish_dtype(cfg, self.device)
         first = None
         if self.rank == 0:
-            first = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            first = {k: self._published(v) for k, v in model.state_dict().items()}
         self.model = model.to(self.device)
         if self.world > 1:
             self.aliases = _aliases(self.model)
@@ -120,11 +129,24 @@ class Policy:
         )
 
     def snapshot(self) -> dict | None:
-        """A CPU copy of the full weights on rank 0, to publish (a collective)."""
+        """A CPU copy of the full weights on rank 0 in the publish dtype, to publish (a
+        collective). The master weights stay as they are."""
         if self.world == 1:
-            return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            return {k: self._published(v) for k, v in self.model.state_dict().items()}
         full = full_state_dict(self.model)  # a collective
-        return {k: v for k, v in full.items() if k not in self.aliases} if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        return {k: self._published(v) for k, v in full.items() if k not in self.aliases}
+
+    def publish_rounds(self) -> bool:
+        """Whether published versions round the master weights (then the optimizer
+        checkpoint keeps the masters for --resume)."""
+        return any(p.dtype != self.publish for p in self.model.parameters())
+
+    def _published(self, v: torch.Tensor) -> torch.Tensor:
+        """A CPU copy of `v`, floating tensors in the publish dtype (rounded to nearest)."""
+        dtype = self.publish if v.is_floating_point() else v.dtype
+        return v.detach().to("cpu", dtype=dtype, copy=True)
 
     def save(self, paths: RunPaths, step: int) -> Path:
         """The optimizer checkpoint of `step` (a collective); complete once it returns."""
@@ -134,7 +156,7 @@ class Policy:
             shutil.rmtree(tmp, ignore_errors=True)
         if self.world > 1:
             torch.distributed.barrier()
-        save_optimizer(self.model, self.optimizer, tmp)
+        save_optimizer(self.model, self.optimizer, tmp, masters=self.publish_rounds())
         if self.rank == 0:
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
@@ -143,6 +165,15 @@ class Policy:
     def stop(self) -> None:
         if self.world > 1 and self.rank == 0:
             _broadcast(None, 0)
+
+
+def publish_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
+    """`model.publish_dtype` for a trainer on `device`: auto is bfloat16 on CUDA (what
+    GPU inference runs), else the master weights' `model.dtype`."""
+    name = cfg.model.publish_dtype
+    if name == "auto":
+        name = "bfloat16" if device.type == "cuda" else cfg.model.dtype
+    return getattr(torch, name)
 
 
 def _aliases(model) -> set[str]:
@@ -163,28 +194,46 @@ def adamw(params: list, tc) -> torch.optim.AdamW:
         return torch.optim.AdamW(params, **kw)
 
 
-def save_optimizer(model, optimizer, path: Path) -> None:
+def save_optimizer(model, optimizer, path: Path, masters: bool = False) -> None:
+    """The optimizer's state as a DCP checkpoint (a collective); with `masters`, the
+    model's weights too: they are the master weights when versions are published in
+    a lower precision, and the published version cannot restore them."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
+    state = {"optim": get_optimizer_state_dict(model, optimizer)}
+    if masters:
+        state["model"] = get_model_state_dict(model)
     with warnings.catch_warnings():  # one process without a group: what we mean
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save({"optim": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(path))
+        dcp.save(state, checkpoint_id=str(path))
 
 
 def load_optimizer(model, optimizer, path) -> None:
-    """Load an optimizer checkpoint written by any number of ranks (a collective)."""
+    """Load an optimizer checkpoint written by any number of ranks (a collective), and
+    the master weights when it holds them."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
         get_optimizer_state_dict,
+        set_model_state_dict,
         set_optimizer_state_dict,
     )
 
     state = {"optim": get_optimizer_state_dict(model, optimizer)}
+    keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    masters = any(k.startswith("model.") for k in keys)
+    if masters:
+        state["model"] = get_model_state_dict(model)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(path))
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optim"])
+    if masters:
+        set_model_state_dict(model, state["model"])
 
 
 def follow(cfg: RunConfig, rank: int, world: int, device: torch.device) -> None:

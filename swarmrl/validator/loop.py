@@ -39,7 +39,29 @@ from swarmrl.toploc.proof import Thresholds
 from swarmrl.validator.checks import Context, Reject, check_with_model, check_without_model
 
 log = logging.getLogger("swarmrl.validator")
-LOGPROB_TOLERANCE = {"float32": 2e-5, "bfloat16": 1e-2}  # see validator/checks.py, check 8
+# Defaults by the dtype a version runs in; see validator/checks.py, check 8, and the
+# honest spreads measured by bench/bf16_tolerances.py (docs/results.md).
+LOGPROB_TOLERANCE = {"float32": 2e-5, "bfloat16": 0.1}
+SAMPLING_TOLERANCE = {"float32": 0.01, "bfloat16": 1.0}
+SAMPLING_MEAN_TOLERANCE = {"float32": 0.01, "bfloat16": 0.005}
+
+
+def logprob_tolerance(cfg: RunConfig, dtype: str) -> float:
+    """`validator.logprob_tolerance`, or the default of the dtype the policy runs in."""
+    given = cfg.validator.logprob_tolerance
+    return given if given is not None else LOGPROB_TOLERANCE[dtype]
+
+
+def sampling_tolerance(cfg: RunConfig, dtype: str) -> float:
+    """`validator.sampling_tolerance`, or the default of the dtype the policy runs in."""
+    given = cfg.validator.sampling_tolerance
+    return given if given is not None else SAMPLING_TOLERANCE[dtype]
+
+
+def sampling_mean_tolerance(cfg: RunConfig, dtype: str) -> float:
+    """`validator.sampling_mean_tolerance`, or the default of the dtype the policy runs in."""
+    given = cfg.validator.sampling_mean_tolerance
+    return given if given is not None else SAMPLING_MEAN_TOLERANCE[dtype]
 
 
 def make_context(cfg: RunConfig, tokenizer, backend) -> Context:
@@ -49,10 +71,9 @@ def make_context(cfg: RunConfig, tokenizer, backend) -> Context:
         tokenizer=tokenizer,
         source=TaskSource(cfg.task, cfg.seed),
         thresholds=Thresholds(v.max_exp_mismatches, v.max_mantissa_mean, v.max_mantissa_median),
-        sampling_tolerance=v.sampling_tolerance,
-        logprob_tolerance=v.logprob_tolerance
-        if v.logprob_tolerance is not None
-        else LOGPROB_TOLERANCE[cfg.model.dtype],
+        sampling_tolerance=sampling_tolerance(cfg, backend.running_dtype or "float32"),
+        logprob_tolerance=logprob_tolerance(cfg, backend.running_dtype or "float32"),
+        sampling_mean_tolerance=sampling_mean_tolerance(cfg, backend.running_dtype or "float32"),
         eos_id=backend.eos_id,
         vocab=backend.model.config.vocab_size,
         hidden_size=backend.model.config.hidden_size,
@@ -83,6 +104,14 @@ class Judge:
         except FileNotFoundError:  # not mirrored (yet), or retention removed it
             return False
         self.loaded = version
+        # the tolerance of the dtype this version runs in (the trainer's publish dtype)
+        dtype = self.backend.running_dtype
+        self.ctx = dataclasses.replace(
+            self.ctx,
+            logprob_tolerance=logprob_tolerance(self.cfg, dtype),
+            sampling_tolerance=sampling_tolerance(self.cfg, dtype),
+            sampling_mean_tolerance=sampling_mean_tolerance(self.cfg, dtype),
+        )
         return True
 
     def judge(

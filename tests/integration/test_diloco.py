@@ -264,6 +264,7 @@ def _two_rl_sites(tmp_path: Path, model: Path, steps: int, resume: bool = False)
     return tmp_path / "runs" / "dl", res
 
 
+@pytest.mark.slow  # 28 s; DiLoCo itself: the integration tests above and tests/unit/test_diloco_*
 def test_rl_sites_sync_their_policies(tiny_model, tmp_path):
     """`swarmrl rl` with trainer.diloco.sites = 2: two swarms (own orchestrator, trainer,
     worker) on the tiny model whose trainers sync every 3 steps through the lighthouse.

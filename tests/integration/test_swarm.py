@@ -321,10 +321,15 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
     # file of each of the 13 nodes at once, for proven and new nodes alike (by default
     # both hold trainer.batch_groups = 16 groups: two files, so most cheaters waited out
     # the run; one run judged 5 of the 11)
+    # Published in bfloat16, every version also as a patch, which the workers take. The
+    # log-prob tolerance is the tiny model's own (its honest bfloat16 files: at most 5e-4,
+    # the low-precision and other-model cheats 0.045 and up; bench/bf16_tolerances.py):
+    # the default is set from SmolLM2's honest spread (0.031), wide enough for them here.
     cmd = swarm_cmd(
         tmp_path, tiny_model, f"trainer.steps={steps}", "curriculum.start_level=1",
         "orchestrator.register_work_bits=8", "orchestrator.probation_groups=104",
-        "worker.max_pending_groups=104",
+        "worker.max_pending_groups=104", 'model.publish_dtype="bfloat16"',
+        "shardcast.patch_max_fraction=1.0", "validator.logprob_tolerance=0.01",
     )  # fmt: skip
     cmd[4:4] = ["--cheaters", str(len(CHEATS)), "--cheats", ",".join(CHEATS)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -370,8 +375,20 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
         elif name.startswith("worker-"):
             assert state[key][1] == 0.0 and state[key][0] != "ejected", (name, state[key])
     assert "ejected" in res.stdout
+    # every version went out in bfloat16, and the workers took patches
+    from swarmrl.models.loading import stored_dtype
+
+    assert {stored_dtype(d) for d in (run / "weights").glob("step_*")} == {"bfloat16"}
+    fetched = [
+        json.loads(x)
+        for p in (run / "nodes").glob("worker-*/weights_latency.jsonl")
+        for x in p.read_text().splitlines()
+    ]
+    patched = [f for f in fetched if f["patched_from"] is not None]
+    assert patched and all(f["bytes"] < f["full_bytes"] for f in patched), fetched
 
 
+@pytest.mark.slow  # 58 s; FSDP2 over two gloo ranks against one: tests/unit/test_fsdp.py
 def test_trainer_on_two_ranks_then_resumed_on_one(tiny_model, tmp_path):
     """`trainer.ranks = 2`: the trainer runs under torchrun with FSDP2 over gloo and the
     swarm trains; the finished run is extended with --resume on one rank, from the

@@ -163,6 +163,16 @@ def test_publisher_does_not_block_and_reports_errors(tmp_path, key):
     assert w.versions() == [0] and done == [0]  # nothing published past the failed version
     pub.close()
 
+    # the trainer, waiting for rollouts, learns of a failed publish without publishing again
+    later = Publisher(w)
+    later.submit(3, broken)
+    deadline = time.monotonic() + 10
+    with pytest.raises(OSError, match="disk full"):
+        while time.monotonic() < deadline:
+            assert later.raise_failures() is False
+            time.sleep(0.01)
+    later.close()
+
 
 @pytest.mark.parametrize(
     "reply, error",

@@ -87,6 +87,60 @@ def test_each_cheat_is_rejected_every_time(setup, cheat):
         assert v.samples and v.reason
 
 
+# The random model's honest bfloat16 spread (worker decode against validator prefill):
+# mean log-prob error at most 2e-4 per file, against 7e-3 for its weights rounded to fp8
+# (the low-precision cheat), which the defaults (set from SmolLM2's honest spread, 0.031)
+# let through on a model this small. This run sets the tolerance from its own spread.
+TINY_BF16_LOGPROB_TOLERANCE = 2e-3
+
+
+@pytest.fixture(scope="module")
+def bf16_setup(random_model_dir, tmp_path_factory):
+    """The same random model published in bfloat16: worker and validator run it so."""
+    from swarmrl.models.loading import load_model, load_tokenizer, set_config_dtype
+
+    tmp = tmp_path_factory.mktemp("validator-bf16")
+    version = tmp / "version"
+    load_model(str(random_model_dir)).to(torch.bfloat16).save_pretrained(version)
+    load_tokenizer(str(random_model_dir)).save_pretrained(version)
+    set_config_dtype(version, "bfloat16")
+    cfg = small_run(tmp, version, f"validator.logprob_tolerance={TINY_BF16_LOGPROB_TOLERANCE}")
+    return cfg, tmp, make_judge(cfg, tmp), Maker(cfg, tmp, name="worker")
+
+
+def test_in_bfloat16_honest_files_pass_and_every_cheat_is_rejected(bf16_setup):
+    """The matrix on a policy published in bfloat16 (its low-precision cheat rounds to
+    fp8): honest files accepted, each cheat caught at its check. The defaults' honest
+    spreads and margins are measured by bench/bf16_tolerances.py (docs/results.md)."""
+    from swarmrl.validator.loop import SAMPLING_TOLERANCE
+
+    cfg, tmp, judge, maker = bf16_setup
+    assert maker.backend.running_dtype == judge.backend.running_dtype == "bfloat16"
+    assert judge.ctx.logprob_tolerance == TINY_BF16_LOGPROB_TOLERANCE
+    assert judge.ctx.sampling_tolerance == SAMPLING_TOLERANCE["bfloat16"]  # the default
+    for _ in range(2):
+        v = _judge(judge, *maker.file())
+        assert v.accepted, (v.check, v.reason)
+    # fp8 weights (low-precision in bfloat16) are far enough off for the proofs too
+    bf16_checks = {**CHEATS, "low-precision": {"proof", "sampling"}}
+    for cheat, checks in sorted(bf16_checks.items()):
+        v = _judge(judge, *maker.file(make_cheat(cheat, seed=1)))
+        assert not v.accepted and v.check in checks, (cheat, v.check, v.reason)
+
+
+def test_tolerances_follow_the_dtype_versions_run_in():
+    from swarmrl.config import load_config
+    from swarmrl.validator.loop import logprob_tolerance, sampling_tolerance
+
+    cfg = load_config(None, [])
+    assert logprob_tolerance(cfg, "float32") == 2e-5
+    assert logprob_tolerance(cfg, "bfloat16") == 0.1
+    assert sampling_tolerance(cfg, "float32") == 0.01
+    assert sampling_tolerance(cfg, "bfloat16") == 1.0
+    given = load_config(None, ["validator.logprob_tolerance=0.5", "validator.sampling_tolerance=2"])
+    assert logprob_tolerance(given, "bfloat16") == sampling_tolerance(given, "float32") / 4
+
+
 def test_a_reinitialised_model_fails_the_proofs(setup):
     """Another initialisation: the TOPLOC proofs alone reject it."""
     cfg, tmp, judge, maker = setup
