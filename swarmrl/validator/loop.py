@@ -147,6 +147,14 @@ class Judge:
                 return None  # not mirrored yet; judged on a later pass
             if not self.ensure_policy(info["policy"]):
                 return None
+            # the tolerances of the version now loaded (a first version in another dtype
+            # than the model the validator started from changes them)
+            ctx = dataclasses.replace(
+                ctx,
+                logprob_tolerance=self.ctx.logprob_tolerance,
+                sampling_tolerance=self.ctx.sampling_tolerance,
+                sampling_mean_tolerance=self.ctx.sampling_mean_tolerance,
+            )
             v.stats = check_with_model(ctx, self.backend, rows)
             v.accepted = True
         except Reject as r:

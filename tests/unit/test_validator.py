@@ -128,6 +128,32 @@ def test_in_bfloat16_honest_files_pass_and_every_cheat_is_rejected(bf16_setup):
         assert not v.accepted and v.check in checks, (cheat, v.check, v.reason)
 
 
+def test_a_first_bfloat16_version_is_judged_with_its_own_tolerances(
+    random_model_dir, bf16_setup, tmp_path
+):
+    """A validator starts from the float32 base model, then loads the first version the
+    trainer published in bfloat16 to judge a file of it: that file is judged with the
+    bfloat16 tolerances (with the float32 ones an honest file's 1e-4 log-prob error is
+    far over 2e-5)."""
+    from bench.rollout_files import FixedWeights
+    from swarmrl.inference.hf import HFBackend
+    from swarmrl.protocol.identity import load_or_create_key
+    from swarmrl.validator.loop import Judge
+
+    _, tmp, _, _ = bf16_setup
+    version = tmp / "version"
+    cfg = small_run(tmp_path, version)  # the defaults
+    maker = Maker(cfg, tmp_path, name="worker")
+    backend = HFBackend()
+    backend.load(random_model_dir)  # float32, as `swarmrl validator` starts
+    judge = Judge(cfg, backend, FixedWeights(version), load_or_create_key(tmp_path / "v.key"))
+    assert judge.ctx.logprob_tolerance == 2e-5
+    v = _judge(judge, *maker.file())
+    assert backend.running_dtype == "bfloat16"
+    assert v.accepted, (v.check, v.reason)
+    assert 2e-5 < v.stats["mean_logprob_error"] < 0.1, v.stats
+
+
 def test_tolerances_follow_the_dtype_versions_run_in():
     from swarmrl.config import load_config
     from swarmrl.validator.loop import logprob_tolerance, sampling_tolerance
