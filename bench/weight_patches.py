@@ -9,15 +9,15 @@ weights lag through a relay on a slow link with and without patches.
    times come from metrics.jsonl.
 2. On the last two versions the run kept: the patch applied again (timed,
    checked bit-exact), and the encodings side by side: XOR + zstd at levels
-   1, 3 and 9 (the shipped one is level 3), and the changed elements listed as
+   1, 3 and 9 (the shipped one is level 1), and the changed elements listed as
    delta-coded indexes plus values, zstd'd.
 3. The weights lag: an origin and a relay, each capped at `--link-mbps`
    (100 Mb/s by default), and a node holding the base; the time from the new
    version's announcement to the node having it, with patches and with the
    full files.
 
-Usage: .venv/bin/python bench/weight_patches.py [--minutes 4] [--seed 0] [--threads 1]
-       [--link-mbps 100] [--out FILE]
+Usage: .venv/bin/python bench/weight_patches.py [--steps 6] [--lr 2e-5] [--seed 0]
+       [--threads 1] [--link-mbps 100] [--out FILE]
 """
 
 from __future__ import annotations
@@ -46,11 +46,12 @@ from swarmrl.shardcast.origin import Origin  # noqa: E402
 from swarmrl.shardcast.relay import serve_relay  # noqa: E402
 
 
-def run_swarm(runs: Path, minutes: float, seed: int, threads: int) -> Path:
+def run_swarm(runs: Path, steps: int, seed: int, threads: int, lr: float | None) -> Path:
     cmd = [
         sys.executable, "-m", "swarmrl", "rl", "--config", str(ROOT / "configs/default.toml"),
         "--fresh", f"runs_dir={json.dumps(str(runs))}", f"seed={seed}",
-        "model.publish_dtype=\"bfloat16\"", f"trainer.max_minutes={minutes}",
+        "model.publish_dtype=\"bfloat16\"", f"trainer.steps={steps}", "trainer.max_minutes=0",
+        *([f"trainer.lr={lr}"] if lr else []),
         "launcher.eval_problems=0", "shardcast.anchor_every=0",
         f"trainer.threads={threads}", f"worker.threads={threads}",
         f"validator.threads={threads}",
@@ -176,7 +177,8 @@ def lag(weights: Path, base: int, version: int, tmp: Path, mbps: float, patches:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=4.0, help="trainer minutes of the run")
+    ap.add_argument("--steps", type=int, default=6, help="trainer steps of the run")
+    ap.add_argument("--lr", type=float, default=None, help="the run's lr (default.toml: 2e-5)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--link-mbps", type=float, default=100.0)
@@ -184,8 +186,9 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        run = run_swarm(tmp / "runs", args.minutes, args.seed, args.threads)
-        result = {"run": per_version(run), "seed": args.seed, "threads": args.threads}
+        run = run_swarm(tmp / "runs", args.steps, args.seed, args.threads, args.lr)
+        result = {"run": per_version(run), "seed": args.seed, "threads": args.threads,
+                  "lr": args.lr or 2e-5}  # fmt: skip
         weights = run / "weights"
         kept = sorted(int(p.name[5:]) for p in weights.glob("step_*"))
         base, version = kept[-2], kept[-1]
