@@ -12,9 +12,11 @@ losslessly. Each file of the new version is one of:
 - `new`: anything else (no such file in the base, another size); stored is
   the zstd frame of the new file.
 
-The encoding was chosen by measurement on consecutive versions of a real
-run (bench/weight_patches.py, docs/results.md): XOR + zstd against listing
-the changed elements' indexes (delta-coded) and values, also zstd'd.
+The encoding was measured on consecutive versions of a real run
+(bench/weight_patches.py, docs/results.md) against listing the changed
+elements' indexes (delta-coded) and values, also zstd'd: XOR + zstd was 13%
+smaller at 7% of elements changed, the index list 14% smaller at 1.7%.
+Only XOR + zstd is built; choosing per file the smaller is not done.
 
 Layout of a patch file:
 
