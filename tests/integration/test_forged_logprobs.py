@@ -15,7 +15,10 @@ from tests.integration.conftest import read_metrics, swarm_cmd
 
 def test_forged_logprobs_are_bounded_flagged_and_then_validated(tiny_model, tmp_path):
     cmd = swarm_cmd(
-        tmp_path, tiny_model, "trainer.steps=8", "validator.sample_rate=1e-4",
+        # 12 steps, so that the forger submits again after its flag; the mismatch window
+        # holds all of them, so that the table still has its figures at the end
+        tmp_path, tiny_model, "trainer.steps=12", "validator.sample_rate=1e-4",
+        "validator.mismatch_window=16",
         "trainer.is_correction=\"token_tis\"", "trainer.is_cap=2.0",
     )  # fmt: skip
     cmd[4:4] = ["--cheaters", "1", "--cheats", "forged-logprobs"]
