@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TINY := models/tiny-reverse_text
 INIT_ARGS ?=  # e.g. INIT_ARGS="--threads 1 --seed 1" for the warm start
 
-.PHONY: run run-tiny test test-all lint bench venv clean postgres vllm
+.PHONY: run run-tiny test test-all lint bench venv clean postgres chromium vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,17 +53,24 @@ postgres:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null ) || \
 	  echo "make: no PostgreSQL server could be installed; its ledger tests will be skipped"
 
-test: $(STAMP) postgres
+# The dashboard's browser tests drive the Debian chromium package (Playwright, installed
+# with the dev extras, uses it as it is); skipped, saying why, where it cannot be installed.
+chromium:
+	@command -v chromium >/dev/null || ( [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null ) || \
+	  echo "make: no chromium could be installed; the dashboard's browser tests will be skipped"
+
+test: $(STAMP) postgres chromium
 	$(BIN)/pytest -q
 
-test-all: $(STAMP) postgres
+test-all: $(STAMP) postgres chromium
 	$(BIN)/pytest -q -m ''
 
 lint: $(STAMP)
 	$(BIN)/ruff check swarmrl tests bench data examples
 	$(BIN)/ruff format --check swarmrl tests bench data examples
 
-bench: $(STAMP) $(TINY)/warm_start.json
+bench: $(STAMP) $(TINY)/warm_start.json chromium
 	$(PIP) -q -e '.[dev,bench]'
 	$(BIN)/python bench/grpo_vs_trl.py
 	$(BIN)/python bench/shardcast.py
@@ -75,6 +82,7 @@ bench: $(STAMP) $(TINY)/warm_start.json
 	$(BIN)/python bench/inference.py  # HF against vLLM (prints "skipped" without make vllm)
 	$(BIN)/python bench/bf16_tolerances.py  # the validator's honest spreads, float32 and bfloat16
 	$(BIN)/python bench/weight_patches.py  # full versions against patches on a bfloat16 run
+	$(BIN)/python bench/dashboard_cost.py  # the orchestrator with and without a browser on its dashboard
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

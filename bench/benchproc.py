@@ -209,3 +209,33 @@ def rm_tree(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def find_pid(role_arg: str, under: str) -> int | None:
+    """A swarmrl process whose command line has `role_arg` as one argument and names a
+    path under `under` (its run's directory): how a benchmark or a test finds one
+    process of a swarm that a launcher started."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = [c.decode(errors="replace") for c in cmd]
+        if "swarmrl" in text and role_arg in text and any(under in c for c in text):
+            return int(d.name)
+    return None
+
+
+def interrupt_group(proc: subprocess.Popen, grace: float = 60.0) -> None:
+    """Ctrl-C to a launcher started in its own session, as a person stops it; killed
+    with its group if it is still there after `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

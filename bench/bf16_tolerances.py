@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from rollout_files import Maker, issued, make_judge, small_run  # noqa: E402
 
 from swarmrl.models.loading import load_model, load_tokenizer, set_config_dtype  # noqa: E402
-from swarmrl.sim.cheats import CHEATS, make_cheat  # noqa: E402
+from swarmrl.sim.registry import SINGLE_TURN_CHEATS, make_cheat  # noqa: E402
 from swarmrl.validator.loop import logprob_tolerance, sampling_tolerance  # noqa: E402
 
 MODELS = {
@@ -109,7 +109,7 @@ def cheats(cfg, tmp: Path, reps: int) -> dict:
     out = {}
     judge = make_judge(cfg, tmp / "judge-cheats")
     maker = Maker(cfg, tmp, name="cheater")
-    for name in CHEATS:
+    for name in SINGLE_TURN_CHEATS:  # the run has no tool environment
         if name in SKIP:
             continue
         caught = []

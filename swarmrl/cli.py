@@ -243,6 +243,7 @@ def _init_model(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from swarmrl.apps.evaluate import default_max_new_tokens, eval_task, evaluate, text_report
+    from swarmrl.envs.environment import environment_of
 
     run_cfg = _run_config(args)
     task = eval_task(run_cfg.task, args.task, args.digits)
@@ -255,6 +256,7 @@ def _eval(args: argparse.Namespace) -> int:
         args.model, task, args.n, max_new, threads=args.threads, level=args.level,
         target_length=args.target_length,
         length_mode=lr.mode if lr.mode != "none" else "exact", length_coef=lr.coef,
+        env=environment_of(run_cfg),
     )  # fmt: skip
     print(json.dumps(res) if args.json else text_report(res))
     return 0
@@ -306,7 +308,7 @@ def _worker(args: argparse.Namespace) -> int:
     _setup_logging()
     cheat = None
     if args.cheat:  # a dishonest worker, built on the worker's public steps
-        from swarmrl.sim.cheats import make_cheat, seed_from_home
+        from swarmrl.sim.registry import make_cheat, seed_from_home
 
         cheat = make_cheat(args.cheat, seed=seed_from_home(Path(args.home)))
     try:

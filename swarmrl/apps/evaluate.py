@@ -33,15 +33,19 @@ def greedy_scores(
     `target_length`, the prompt carries the thinking-budget instruction."""
     return [
         (text, r)
-        for text, r, _ in _greedy(model, tokenizer, tasks, max_new_tokens, batch, target_length)
+        for text, r, _, _ in _greedy(model, tokenizer, tasks, max_new_tokens, batch, target_length)
     ]
 
 
 def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_length: int,
-            on_batch=None):  # fmt: skip
-    """(completion text, task reward, tokens before EOS) for each task; `on_batch(k)`
-    after each batch of k tasks."""
+            on_batch=None, env=None):  # fmt: skip
+    """(completion text, task reward, tokens before EOS, tool answers that are not
+    errors) for each task; `on_batch(k)` after each batch of k tasks. With an
+    environment `env`, greedy trajectories (the tool answers between the model's
+    spans) graded on their whole text."""
     from swarmrl.inference.generation import decode, greedy
+    from swarmrl.inference.hf import HFBackend
+    from swarmrl.inference.trajectory import generate_trajectories
     from swarmrl.models.prompting import decode_completion, encode_prompt, prompt_text
     from swarmrl.tasks.graders.registry import verify
 
@@ -51,14 +55,29 @@ def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_len
     for s in range(0, len(tasks), batch):
         chunk = tasks[s : s + batch]
         prompts = [encode_prompt(tokenizer, prompt_text(t.prompt, target_length)) for t in chunk]
-        done = decode(model, prompts, max_new_tokens, greedy, eos, tokenizer.pad_token_id)
+        if env is None:
+            done = decode(model, prompts, max_new_tokens, greedy, eos, tokenizer.pad_token_id)
+        else:
+            done = generate_trajectories(
+                HFBackend.around(model), tokenizer, env, prompts, [0] * len(prompts),
+                max_new_tokens, 1.0, 1.0, proofs=False, greedy=True,
+            )  # fmt: skip
         for t, c in zip(chunk, done, strict=True):
             cut = len(c.tokens) - c.finished  # the EOS token is not part of the text
             text = decode_completion(tokenizer, c.tokens[:cut])
-            out_scores.append((text, verify(t, text), cut))
+            out_scores.append((text, verify(t, text), cut, _answered_calls(tokenizer, c)))
         if on_batch is not None:
             on_batch(len(chunk))
     return out_scores
+
+
+def _answered_calls(tokenizer, c) -> int:
+    """Environment spans of a trajectory that are not an error (0 for a completion)."""
+    from swarmrl.protocol.rollouts import spans
+
+    mask = getattr(c, "mask", None) or [1] * len(c.tokens)
+    answers = [tokenizer.decode(c.tokens[a:b]) for a, b, model in spans(mask) if not model]
+    return sum("error" not in x for x in answers)
 
 
 def eval_task(task_cfg: TaskConfig, name: str | None, digits: int | None) -> TaskConfig:
@@ -94,9 +113,12 @@ def evaluate(
     length_mode: str = "exact",
     length_coef: float = 0.0003,
     on_batch=None,
+    env=None,
 ) -> dict:
     """Greedy accuracy and mean task reward of `model_path` on `n` problems of the eval
-    split at difficulty `level`; `on_batch(k)` is called as each batch of k is scored."""
+    split at difficulty `level`; `on_batch(k)` is called as each batch of k is scored.
+    `env`: the run's environment (envs/environment.py), whose tool answers between the
+    model's spans as in training."""
     import torch
 
     from swarmrl.models.loading import load_model, load_tokenizer
@@ -109,8 +131,8 @@ def evaluate(
     model = load_model(model_path, dtype)
     source = TaskSource(task_cfg, seed)
     tasks = [source.get("eval", i, level) for i in range(n)]
-    scores = _greedy(model, tok, tasks, max_new_tokens, batch, target_length, on_batch)
-    rewards = [r for _, r, _ in scores]
+    scores = _greedy(model, tok, tasks, max_new_tokens, batch, target_length, on_batch, env)
+    rewards = [r for _, r, _, _ in scores]
     samples = [
         {
             "prompt": prompt_text(t.prompt, target_length),
@@ -118,7 +140,7 @@ def evaluate(
             "reward": r,
             "tokens": k,
         }  # fmt: skip
-        for t, (text, r, k) in zip(tasks[:5], scores[:5], strict=True)
+        for t, (text, r, k, _) in zip(tasks[:5], scores[:5], strict=True)
     ]
     out = {
         "model": model_path,
@@ -130,9 +152,11 @@ def evaluate(
         "seconds": time.time() - t0,
         "samples": samples,
     }
+    if env is not None:  # trajectories in which the tool answered (without an error)
+        out["tool_use"] = sum(calls > 0 for *_, calls in scores) / n
     if target_length:
         out["budget"] = budget_report(
-            [k for _, _, k in scores], target_length, max_new_tokens, length_mode, length_coef
+            [k for _, _, k, _ in scores], target_length, max_new_tokens, length_mode, length_coef
         )
     return out
 

@@ -6,6 +6,7 @@ This package imports nothing heavy, so that `swarmrl --help` stays fast.
 """
 
 from swarmrl.config.base import ConfigError, Section
+from swarmrl.config.env import EnvConfig
 from swarmrl.config.inference import InferenceConfig, ModelConfig, SamplingConfig, WorkerConfig
 from swarmrl.config.launch import LauncherConfig
 from swarmrl.config.orchestrator import OrchestratorConfig
@@ -19,6 +20,7 @@ __all__ = [
     "CodeConfig",
     "ConfigError",
     "CurriculumConfig",
+    "EnvConfig",
     "InferenceConfig",
     "LauncherConfig",
     "LengthRewardConfig",

@@ -295,6 +295,23 @@ class OrchestratorConfig(Section):
         description="Time one check of a relay may take in all, name lookup and both "
         "requests included (connecting: at most 2 s of it); past it the check failed.",
     )
+    dashboard: bool = Field(
+        True,
+        description="Serve the live dashboard at /dashboard (and its read-only API under "
+        "/v1/dashboard/): the run, the swarm, the verdicts, and a rollout viewer.",
+    )
+    public_rollouts: bool = Field(
+        False,
+        description="Let anyone who can reach the dashboard read rollout texts (prompts and "
+        "completions); off, the rollout viewer asks for the operator token.",
+    )
+    keep_trained_steps: int = Field(
+        8,
+        ge=0,
+        le=100_000,
+        description="Rollout files stay in the object store this many versions after the "
+        "trainer used them (the rollout viewer reads them), then are deleted.",
+    )
 
     @field_validator("trusted_workers")
     @classmethod

@@ -19,11 +19,13 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from swarmrl.config.base import ConfigError, Section
+from swarmrl.config.env import EnvConfig
 from swarmrl.config.inference import InferenceConfig, ModelConfig, SamplingConfig, WorkerConfig
 from swarmrl.config.launch import LauncherConfig
 from swarmrl.config.orchestrator import OrchestratorConfig
 from swarmrl.config.shardcast import ShardcastConfig
 from swarmrl.config.tasks import CodeConfig, CurriculumConfig, LengthRewardConfig, TaskConfig
+from swarmrl.config.tracking import TrackingConfig
 from swarmrl.config.trainer import TrainerConfig
 from swarmrl.config.validator import ValidatorConfig
 
@@ -71,6 +73,14 @@ class RunPaths:
         return self.run / "relays"
 
     @property
+    def tensorboard(self) -> Path:  # TensorBoard event files ([tracking])
+        return self.run / "tensorboard"
+
+    @property
+    def wandb(self) -> Path:  # wandb/: W&B's run directories ([tracking])
+        return self.run / "wandb"
+
+    @property
     def verdicts(self) -> Path:  # the validators' verdicts.jsonl
         return self.run / "verdicts.jsonl"
 
@@ -90,6 +100,7 @@ class RunConfig(Section):
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model.")
     task: TaskConfig = Field(default_factory=TaskConfig, description="Task.")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Multi-turn environment (tools).")
     code: CodeConfig = Field(default_factory=CodeConfig, description="Code tasks.")
     length_reward: LengthRewardConfig = Field(
         default_factory=LengthRewardConfig, description="Length reward."
@@ -112,6 +123,9 @@ class RunConfig(Section):
     )
     orchestrator: OrchestratorConfig = Field(
         default_factory=OrchestratorConfig, description="The orchestrator service."
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="Experiment trackers."
     )
 
     @property

@@ -12,10 +12,13 @@ from swarmrl.config.base import Section
 class TaskConfig(Section):
     """Which task the run trains on and how its problems are generated."""
 
-    name: Literal["reverse_text", "addition", "reasoning_gym", "verifiers"] = Field(
-        "reverse_text",
-        description="Built-in generator (reverse_text, addition), reasoning-gym families "
-        "(`gym`), or a verifiers taskset (`env`).",
+    name: Literal["reverse_text", "addition", "multiplication", "reasoning_gym", "verifiers"] = (
+        Field(
+            "reverse_text",
+            description="Built-in generator (reverse_text, addition, multiplication), "
+            "reasoning-gym families "
+            "(`gym`), or a verifiers taskset (`env`).",
+        )
     )
     dataset: str | None = Field(
         None,
@@ -24,7 +27,13 @@ class TaskConfig(Section):
     )
     min_len: int = Field(3, ge=1, le=64, description="reverse_text: shortest text.")
     max_len: int = Field(6, ge=1, le=64, description="reverse_text: longest text.")
-    digits: int = Field(3, ge=1, le=12, description="addition: digits per operand.")
+    digits: int = Field(
+        3,
+        ge=1,
+        le=12,
+        description="addition: digits per operand; multiplication: digits of the smaller "
+        "operand (the other has one more).",
+    )
     instruction: str = Field(
         "",
         max_length=2000,

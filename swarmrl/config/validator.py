@@ -80,13 +80,14 @@ class ValidatorConfig(Section):
         "its mismatch is judged.",
     )
     mismatch_factor: float = Field(
-        10.0,
+        50.0,
         ge=1.0,
         le=1e6,
         description="Spot-checking: a node whose mean mismatch KL on unchecked files "
         "exceeds this many times max(reference, mismatch_floor) becomes suspect: every "
-        "file of it is validated from then on (the reference: the larger of the mean KL "
-        "of checked files in the window and the median over nodes of their KL).",
+        "file of it is validated from then on (the reference, per staleness: the larger "
+        "of the mean KL of checked files in the window and the median over nodes of their "
+        "KL; an honest file measured 15x its node's mean, a 3-nat forgery 600x).",
     )
     mismatch_floor: float = Field(
         1e-3,

@@ -34,6 +34,7 @@ class Completion:
     logprobs: list[float]
     finished: bool  # ended on EOS (False: stopped at the length limit)
     proofs: bytes = b""  # TOPLOC proofs of the generated positions (when asked for)
+    mask: list[int] | None = None  # 1: the model's token, 0: an environment's; None: all 1
 
 
 # choose(logits (b, V) at the last position, step t) -> (tokens (b,), their log-probs (b,)):
@@ -75,8 +76,12 @@ def decode(
     choose: Choose,
     stop_ids: list[int],
     pad_id: int,
+    ends=None,
 ) -> list[Completion]:
-    """One completion per prompt, each token picked by `choose` (module docstring)."""
+    """One completion per prompt, each token picked by `choose` (module docstring).
+    `ends(row, tokens)`, when given, also ends a row after a token (a trajectory's
+    span that ends with a tool call: inference/trajectory.py); such a row is not
+    `finished` (it did not draw a stop token)."""
     import torch
     from transformers import DynamicCache
 
@@ -95,6 +100,7 @@ def decode(
     logps = torch.empty((b, 0), dtype=torch.float32, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     lengths = torch.full((b,), max_new_tokens, dtype=torch.long, device=device)
+    cut = [False] * b  # ended by `ends`
     cache = DynamicCache()
     with torch.no_grad():
         logits = model(
@@ -113,6 +119,11 @@ def decode(
             newly = (~done) & torch.isin(tok, stop)
             lengths = torch.where(newly, torch.full_like(lengths, t + 1), lengths)
             done = done | newly
+            if ends is not None:
+                for i in (~done).nonzero().flatten().tolist():
+                    if ends(i, tokens[i].tolist()):
+                        lengths[i], done[i] = t + 1, True
+                        cut[i] = True
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
@@ -126,6 +137,8 @@ def decode(
             ).logits[:, -1]
     n = [int(x) for x in lengths]
     return [
-        Completion(tokens[i, : n[i]].tolist(), logps[i, : n[i]].tolist(), bool(done[i]))
+        Completion(
+            tokens[i, : n[i]].tolist(), logps[i, : n[i]].tolist(), bool(done[i]) and not cut[i]
+        )
         for i in range(b)
     ]

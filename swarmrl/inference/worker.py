@@ -47,9 +47,11 @@ from typing import Protocol
 
 from swarmrl.config import RunConfig
 from swarmrl.device import describe, resolve_device
+from swarmrl.envs.environment import environment_of
 from swarmrl.errors import EXIT_REFUSED, UserError
 from swarmrl.inference.engine import make_engine, resolve_engine
 from swarmrl.inference.generation import Completion
+from swarmrl.inference.trajectory import generate_trajectories
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.models.prompting import decode_completion
 from swarmrl.protocol.assign import Assignment
@@ -89,12 +91,28 @@ def plan_prompts(cfg: RunConfig, source, tokenizer, a: Assignment) -> list[Assig
     return assigned_prompts(cfg, source, tokenizer, a.seed, a.sampler or SamplerState())
 
 
-def complete(cfg: RunConfig, backend, plan: list[AssignedPrompt]) -> list[Completion]:
-    """One completion per sample, flat, group after group."""
+def complete(
+    cfg: RunConfig, backend, plan: list[AssignedPrompt], tokenizer=None
+) -> list[Completion]:
+    """One completion per sample, flat, group after group: a trajectory of model and
+    environment spans (`Completion.mask`) when the run has an environment ([env]),
+    which needs the tokenizer to read the model's spans and write the answers."""
+    return complete_with(cfg, backend, plan, tokenizer, environment_of(cfg))
+
+
+def complete_with(cfg: RunConfig, backend, plan, tokenizer, env) -> list[Completion]:
+    """`complete` with a given environment (None: single turn)."""
     s = cfg.sampling
     prompts = [p.tokens for p in plan for _ in p.seeds]
     seeds = [seed for p in plan for seed in p.seeds]
-    return backend.generate(prompts, seeds, s.max_new_tokens, s.temperature, s.top_p)
+    if env is None:
+        return backend.generate(prompts, seeds, s.max_new_tokens, s.temperature, s.top_p)
+    if tokenizer is None:
+        raise ValueError("a multi-turn completion needs the tokenizer")
+    made = generate_trajectories(
+        backend, tokenizer, env, prompts, seeds, s.max_new_tokens, s.temperature, s.top_p
+    )
+    return [Completion(t.tokens, t.logprobs, t.finished, t.proofs, t.mask) for t in made]
 
 
 def score_row(cfg: RunConfig, tokenizer, p: AssignedPrompt, g: int, j: int, c: Completion) -> dict:
@@ -109,6 +127,7 @@ def score_row(cfg: RunConfig, tokenizer, p: AssignedPrompt, g: int, j: int, c: C
         "prompt_tokens": p.tokens,
         "completion_tokens": c.tokens,
         "completion_logprobs": c.logprobs,
+        "completion_mask": c.mask if c.mask is not None else [1] * len(c.tokens),
         "reward": task_reward - penalty,
         "task_reward": task_reward,
         "length_penalty": penalty,
@@ -147,7 +166,7 @@ def build_rows(
     """The rows of the assignment's file, as an honest worker makes them."""
     cfg = with_budget(cfg, a)
     plan = plan_prompts(cfg, source, tokenizer, a)
-    return score_rows(cfg, tokenizer, plan, complete(cfg, backend, plan), a, node)
+    return score_rows(cfg, tokenizer, plan, complete(cfg, backend, plan, tokenizer), a, node)
 
 
 def upload_file(client: OrchestratorClient, a: Assignment, data: bytes) -> str:
@@ -405,12 +424,15 @@ def join_run(
     params = client.run_params()
     cfg = _node_config(params, home, client)
     configure_verifiers(cfg)
+    environment_of(cfg)  # an environment a validator could not recompute stops here
     weights = open_weights_source(
         cfg, node[:12], client=client, root=home / "weights", servers=params["servers"],
         trusted_key=params["trainer_key"], latency_log=home / "weights_latency.jsonl",
     )  # fmt: skip
     source = TaskSource(cfg.task, cfg.seed)
     which = resolve_engine(backend or cfg.inference.backend)
+    if cfg.env.kind != "none" and (backend or cfg.inference.backend) == "auto":
+        which = "hf"  # trajectories are generated with the transformers engine
     if work is not None and which != "hf":  # a simulated worker edits the HF model
         log.info("--cheat %s: generating with the hf backend, not %s", work.name, which)
         which = "hf"

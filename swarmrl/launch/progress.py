@@ -224,8 +224,13 @@ def ledger_line(ledger: dict) -> str:
     return text
 
 
-def summary_lines(cfg: RunConfig, run: Path, ledger: dict | None = None) -> list[str]:
-    """The closing lines of a finished run (`ledger`: the orchestrator's, read before it stopped)."""
+def summary_lines(
+    cfg: RunConfig, run: Path, ledger: dict | None = None, url: str | None = None
+) -> list[str]:
+    """The closing lines of a finished run (`ledger`: the orchestrator's, read before it
+    stopped; `url`: the orchestrator, still up, which takes the final held-out score)."""
+    from swarmrl.tracking import locations
+
     out = []
     rows = read_metrics(run / "metrics.jsonl")
     if rows:
@@ -248,6 +253,9 @@ def summary_lines(cfg: RunConfig, run: Path, ledger: dict | None = None) -> list
         )
     if ledger is not None:
         out.append(ledger_line(ledger))
-    out.extend(heldout.after(cfg, run))
+    out.extend(heldout.after(cfg, run, url))
     out.append(f"metrics {run / 'metrics.jsonl'}, plot {run / 'report.png'}, model {run / 'final'}")
+    if url and cfg.orchestrator.dashboard:
+        out.append(f"dashboard (while the orchestrator runs): {url}/dashboard")
+    out.extend(locations(cfg))
     return out

@@ -171,13 +171,19 @@ def _validator_setup(cfg: RunConfig) -> list[str]:
     return ["validator.public_keys=" + json.dumps(pubs)]
 
 
-def _cheat_list(cheaters: int, cheats: list[str] | None) -> list[str]:
-    from swarmrl.sim.cheats import CHEATS, RL_CHEATS
+def _cheat_list(cheaters: int, cheats: list[str] | None, multi_turn: bool = False) -> list[str]:
+    from swarmrl.sim.registry import CHEATS, MULTI_TURN_CHEATS, RL_CHEATS
 
     kinds = cheats or RL_CHEATS
     unknown = [c for c in kinds if c not in CHEATS]
     if unknown:
         raise LaunchError(f"unknown cheat(s) {unknown}; known: {', '.join(CHEATS)}")
+    honest_here = [c for c in kinds if c in MULTI_TURN_CHEATS and not multi_turn]
+    if cheaters and honest_here:
+        raise LaunchError(
+            f"cheat(s) {honest_here} game a run's tool environment, and this run has none "
+            "([env] kind = 'none'): they would be honest workers"
+        )
     if cheaters and not kinds:
         raise LaunchError("--cheats is empty")
     return [kinds[i % len(kinds)] for i in range(cheaters)]
@@ -251,7 +257,7 @@ def plan_swarm(
     return Swarm(url, orchestrator, trainer, relays, validators, workers, cheaters)
 
 
-def _start(swarm: Swarm, resume: bool) -> list[Proc]:
+def _start(cfg: RunConfig, swarm: Swarm, resume: bool) -> list[Proc]:
     """Start the orchestrator, wait for it, then the rest; returns the processes held back."""
     swarm.orchestrator.start()
     try:
@@ -261,6 +267,11 @@ def _start(swarm: Swarm, resume: bool) -> list[Proc]:
         raise
     url = swarm.url
     print(f"swarmrl: orchestrator at {url} (swarmrl status --orchestrator {url})", flush=True)
+    if cfg.orchestrator.dashboard:
+        token = cfg.orchestrator.operator_token_file or cfg.paths.keys / "operator.token"
+        print(f"swarmrl: live dashboard at {url}/dashboard (rollout texts and admin actions: "
+              f"the operator token in {token})", flush=True)  # fmt: skip
+    heldout.share(cfg, cfg.run_dir, url, ("start_model",))
     # Extending a finished run (--resume with more steps): workers and validators would
     # see "done" and exit, so they start once the trainer has reopened the run.
     done = resume and _run_done(url)
@@ -337,29 +348,35 @@ def launch(
     cheaters: int = 0,
     cheats: list[str] | None = None,
 ) -> int:
+    from swarmrl.envs.environment import environment_of
     from swarmrl.models.loading import resolve_model_path
 
     resolve_model_path(cfg.model.path)  # fail before starting anything
-    cheat_kinds = _cheat_list(cheaters, cheats)
+    environment_of(cfg)  # an environment a validator could not recompute: refused now
+    cheat_kinds = _cheat_list(cheaters, cheats, cfg.env.kind != "none")
     if cheat_kinds and not cfg.validator.enabled:
         raise LaunchError("--cheaters needs validator.enabled: nothing would stop them")
     run = prepare_run_dir(cfg, resume, fresh)
     heldout.before(cfg, run)
     swarm = plan_swarm(cfg, config_path, overrides, resume, cheat_kinds)
-    with Supervisor(swarm.procs) as supervisor:
-        progress = Progress(cfg, run / "metrics.jsonl", cheat_kinds, orchestrator=swarm.url)
-        _print_start(cfg, swarm, cheat_kinds)
-        watch = SwarmWatch(swarm, progress, _start(swarm, resume))
-        code = 0
-        try:
-            poll_s = min(cfg.launcher.progress_s, 0.5)
-            time.sleep(poll_s)  # the first look comes one poll after the start
-            code = supervisor.watch(poll_s, watch)
-        finally:
-            stop_all(swarm.procs, graceful=code == 0)
-    if code == 0:
-        for line in summary_lines(cfg, run, watch.ledger):
-            print(f"swarmrl: {line}")
+    code = 1
+    try:
+        with Supervisor(swarm.procs) as supervisor:
+            progress = Progress(cfg, run / "metrics.jsonl", cheat_kinds, orchestrator=swarm.url)
+            _print_start(cfg, swarm, cheat_kinds)
+            watch = SwarmWatch(swarm, progress, _start(cfg, swarm, resume))
+            try:
+                poll_s = min(cfg.launcher.progress_s, 0.5)
+                time.sleep(poll_s)  # the first look comes one poll after the start
+                code = supervisor.watch(poll_s, watch)
+            finally:  # all but the orchestrator, which takes the final held-out score
+                stop_all([p for p in swarm.procs if p is not swarm.orchestrator], code == 0)
+        # out of the supervisor's signal handlers: Ctrl-C stops the final scoring too
+        if code == 0:
+            for line in summary_lines(cfg, run, watch.ledger, swarm.url):
+                print(f"swarmrl: {line}")
+    finally:
+        stop_all([swarm.orchestrator], graceful=code == 0)
     return code
 
 

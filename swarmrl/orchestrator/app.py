@@ -26,18 +26,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
-from starlette.requests import ClientDisconnect
+from fastapi.responses import FileResponse, Response
 
-from swarmrl.orchestrator import admission, files, mismatch, nodes, relays, work
+from swarmrl.orchestrator import admission, dashboard, files, mismatch, nodes, relays, work
 from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
 from swarmrl.orchestrator.auth import (
     Caller,
@@ -49,12 +46,14 @@ from swarmrl.orchestrator.auth import (
 )
 from swarmrl.orchestrator.objects import LocalObjectStore, ObjectError
 from swarmrl.orchestrator.relaycheck import RelayChecker
-from swarmrl.orchestrator.routing import CheckedRoute
+from swarmrl.orchestrator.routing import CheckedRoute, add_refusals
 from swarmrl.orchestrator.schemas import (
     ClaimIn,
     ConsumeIn,
+    EvaluationIn,
     HeartbeatIn,
     InvitesIn,
+    MetricsIn,
     MismatchIn,
     RegisterIn,
     RelayReportIn,
@@ -191,40 +190,6 @@ def _lifespan(svc: Service, pool: ThreadPoolExecutor, sweep_every_s: float | Non
     return lifespan
 
 
-async def _api_error(_request, e: ApiError):
-    headers = None
-    if e.retry_after_s is not None:
-        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
-    return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
-
-
-async def _gone(_request, _e: ClientDisconnect):
-    """The client hung up (or was cut off by orchestrator/connections.py) while its
-    body was read: no one reads an answer, and it is not the server's error."""
-    return Response(status_code=400)
-
-
-async def _invalid_body(_request, e: RequestValidationError):
-    """422 naming each bad field, without echoing its input: a NaN or an infinity (which
-    Python's JSON reader accepts) cannot be written back as JSON, and FastAPI's own
-    handler would fail on it with a 500."""
-    errors = [
-        {"loc": [_printable(p) for p in x["loc"]], "msg": _printable(x["msg"]),
-         "type": _printable(x["type"])}
-        for x in e.errors()
-    ]  # fmt: skip
-    return JSONResponse({"detail": errors}, status_code=422)
-
-
-def _printable(part):
-    """A location or message part safe to write back: an int as it is, anything else
-    as text of at most 100 characters that UTF-8 can encode."""
-    if type(part) is int:
-        return part
-    text = str(part)[:100]
-    return text.encode("utf-8", "replace").decode("utf-8")
-
-
 def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     """The app over `svc`. With `sweep_every_s`, a background thread applies node
     silence, finality and nonce expiry, and starts relay checks, at that period."""
@@ -237,9 +202,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
         lifespan=_lifespan(svc, pool, sweep_every_s),
     )
     app.router.route_class = CheckedRoute
-    app.add_exception_handler(ApiError, _api_error)
-    app.add_exception_handler(RequestValidationError, _invalid_body)
-    app.add_exception_handler(ClientDisconnect, _gone)
+    add_refusals(app)
     signed = Signed(svc, pool)
     # registered in this order, which is the order of the OpenAPI document
     _public_routes(app, svc, metrics)
@@ -247,6 +210,8 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     _validator_routes(app, svc, signed)
     _trainer_routes(app, svc, signed)
     _operator_routes(app, svc)
+    if svc.cfg.orchestrator.dashboard:
+        dashboard.dashboard_routes(app, svc)
     if isinstance(svc.objects, LocalObjectStore):
         _object_routes(app, svc, svc.objects)
     app.add_middleware(BodyLimit, limit=svc.cfg.orchestrator.max_request_bytes)
@@ -385,6 +350,11 @@ def _trainer_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
         figures = [n.model_dump() for n in body.nodes]
         return await call(caller, mismatch.record, svc, body.step, figures)
 
+    @app.post("/v1/trainer/metrics", responses=ERRORS)
+    async def trainer_metrics(body: MetricsIn, caller: Caller = as_trainer) -> dict:
+        """The step's metrics.jsonl row, for the dashboard."""
+        return await call(caller, dashboard.record_metrics, svc, body.step, body.row)
+
     @app.post("/v1/trainer/resume", responses=ERRORS)
     async def trainer_resume(body: VersionIn, caller: Caller = as_trainer) -> dict:
         return await call(caller, files.resume, svc, body.version)
@@ -421,6 +391,11 @@ def _operator_routes(app: FastAPI, svc: Service) -> None:
         only their hashes are kept)."""
         stake = svc.cfg.orchestrator.stake if body.stake is None else body.stake
         return {"invites": admission.issue_invites(svc, body.count, stake), "stake": stake}
+
+    @app.post("/v1/admin/evaluations", responses=ERRORS)
+    def admin_evaluation(body: EvaluationIn, _: None = as_operator) -> dict:
+        """A held-out score (the launcher's, before and after the run), for the dashboard."""
+        return dashboard.record_evaluation(svc, body.name, body.step, body.result)
 
     @app.post("/v1/admin/run", responses=ERRORS)
     def admin_run(body: RunControlIn, _: None = as_operator) -> dict:

@@ -65,6 +65,8 @@ SCHEMA = [
     " void INTEGER NOT NULL)",
     "CREATE INDEX IF NOT EXISTS files_state ON files (state, policy)",
     "CREATE INDEX IF NOT EXISTS files_node ON files (node)",
+    "CREATE INDEX IF NOT EXISTS files_step ON files (step, counter)",  # the dashboard's reads
+    "CREATE INDEX IF NOT EXISTS files_submitted ON files (submitted)",
     "CREATE TABLE IF NOT EXISTS steps (step BIGINT PRIMARY KEY, sampler TEXT NOT NULL,"
     " opened DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS relay_reports (url TEXT NOT NULL, reporter TEXT NOT NULL,"
@@ -73,9 +75,9 @@ SCHEMA = [
     " failures BIGINT NOT NULL, version BIGINT, checked DOUBLE PRECISION NOT NULL,"
     " next_check DOUBLE PRECISION NOT NULL, detail TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS mismatch (step BIGINT NOT NULL, node TEXT NOT NULL,"
-    " checked INTEGER NOT NULL, tokens BIGINT NOT NULL, kl DOUBLE PRECISION NOT NULL,"
-    " truncated DOUBLE PRECISION NOT NULL, files BIGINT NOT NULL,"
-    " PRIMARY KEY (step, node, checked))",
+    " checked INTEGER NOT NULL, staleness BIGINT NOT NULL, tokens BIGINT NOT NULL,"
+    " kl DOUBLE PRECISION NOT NULL, truncated DOUBLE PRECISION NOT NULL, files BIGINT NOT NULL,"
+    " PRIMARY KEY (step, node, checked, staleness))",
     "CREATE TABLE IF NOT EXISTS standing (node TEXT PRIMARY KEY, proven BIGINT NOT NULL,"
     " expired BIGINT NOT NULL, last_expired DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS invites (hash TEXT PRIMARY KEY, stake DOUBLE PRECISION NOT NULL,"
@@ -84,6 +86,11 @@ SCHEMA = [
     " files BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS suspects (node TEXT PRIMARY KEY, time DOUBLE PRECISION NOT NULL,"
     " step BIGINT NOT NULL, detail TEXT NOT NULL)",
+    # the trainer's metrics rows and the launcher's held-out scores, for the dashboard
+    "CREATE TABLE IF NOT EXISTS run_metrics (step BIGINT PRIMARY KEY,"
+    " time DOUBLE PRECISION NOT NULL, row TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS evaluations (name TEXT PRIMARY KEY, step BIGINT NOT NULL,"
+    " time DOUBLE PRECISION NOT NULL, result TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS events (id {autoid}, time DOUBLE PRECISION NOT NULL,"
     " node TEXT NOT NULL, kind TEXT NOT NULL, amount DOUBLE PRECISION NOT NULL,"
     " detail TEXT NOT NULL)",
@@ -129,15 +136,26 @@ class Database:
     def close(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def _columns(self, cur: Cursor, table: str) -> set[str]:  # pragma: no cover - interface
+        raise NotImplementedError
+
     def create_schema(self) -> None:
         autoid = "INTEGER PRIMARY KEY" if self.engine == "sqlite" else "BIGSERIAL PRIMARY KEY"
         with self.tx() as cur:
+            # the mismatch table gained `staleness`: a table from before holds only a
+            # window of the trainer's figures, rebuilt by the next steps it reports
+            columns = self._columns(cur, "mismatch")
+            if columns and "staleness" not in columns:
+                cur.execute("DROP TABLE mismatch")
             for stmt in SCHEMA:
                 cur.execute(stmt.replace("{autoid}", autoid))
 
 
 class SQLiteDatabase(Database):
     engine = "sqlite"
+
+    def _columns(self, cur: Cursor, table: str) -> set[str]:
+        return {r[1] for r in cur.execute(f"PRAGMA table_info({table})").fetchall()}
 
     def __init__(self, path: Path):
         path = Path(path)
@@ -176,6 +194,14 @@ class PostgresDatabase(Database):
     round trips and commits overlap."""
 
     engine = "postgres"
+
+    def _columns(self, cur: Cursor, table: str) -> set[str]:
+        rows = cur.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND table_name = ?",
+            (table,),
+        ).fetchall()
+        return {r[0] for r in rows}
 
     def __init__(self, url: str, connections: int = 8):
         import queue

@@ -81,7 +81,7 @@ def claim_file(svc: Service, validator: str, max_policy: int, device: str = "") 
 
 
 def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
-    from swarmrl.protocol.verdict import Verdict
+    from swarmrl.protocol.verdict import BLAMELESS_CHECKS, Verdict
 
     try:
         v = Verdict(**verdict)
@@ -100,7 +100,7 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
             raise ApiError(409, "the verdict names other bytes or another node than the file")
         late_cheat = (  # found out after the trainer moved past the file: still a cheat
             state in ("stale", "discarded") and holder == validator and not v.accepted
-            and v.check != "error"
+            and v.check not in BLAMELESS_CHECKS
         )  # fmt: skip
         if state != "pending" and not late_cheat:
             return {"state": state}
@@ -121,8 +121,8 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
             " reason = ? WHERE key = ?",
             (blob, v.check, v.reason[:1000], v.key),
         )
-        # the validator's own failure (`error`): the file is refused, no one punished
-        ejected = _eject(svc, cur, node, v) if v.check != "error" else False
+        # the validator's own failure or doubt (BLAMELESS_CHECKS): refused, no one punished
+        ejected = _eject(svc, cur, node, v) if v.check not in BLAMELESS_CHECKS else False
     return {"state": "rejected", "ejected": ejected}
 
 
@@ -156,17 +156,34 @@ def open_step(svc: Service, step: int, sampler: dict, done: bool, device: str = 
 
 
 def published(svc: Service, version: int) -> dict:
-    """Version `version` is out: objects the trainer consumed up to it are deleted."""
+    """Version `version` is out: files the trainer consumed up to it are trained, and
+    their objects are deleted once `orchestrator.keep_trained_steps` more versions are
+    out (the dashboard's rollout viewer reads them until then)."""
+    upto = version - svc.cfg.orchestrator.keep_trained_steps
     with svc.db.tx() as cur:
         svc.set_meta(cur, "policy", str(version))
-        rows = cur.execute(
-            "UPDATE files SET state = 'trained' WHERE state = 'consumed' AND consumed_step <= ?"
-            " RETURNING key",
+        trained = cur.execute(
+            "UPDATE files SET state = 'trained' WHERE state = 'consumed' AND consumed_step <= ?",
             (version,),
+        ).rowcount
+        # `purged`: every trained file consumed up to it is deleted. It moves only after
+        # the deletes succeed, and never back (a resume, a lost or repeated announce).
+        purged = int(svc.meta("purged", cur) or -1)
+        rows = cur.execute(
+            "SELECT key FROM files WHERE state = 'trained' AND consumed_step > ?"
+            " AND consumed_step <= ?",
+            (purged, upto),
         ).fetchall()
+    svc.published_at[version] = svc.clock()
+    while len(svc.published_at) > 4096:  # the dashboard's weights lag needs the recent ones
+        del svc.published_at[min(svc.published_at)]
     for (k,) in rows:
         svc.objects.delete(k)
-    return {"policy": version, "trained": len(rows)}
+    if upto > purged:
+        with svc.db.tx() as cur:
+            if upto > int(svc.meta("purged", cur) or -1):
+                svc.set_meta(cur, "purged", str(upto))
+    return {"policy": version, "trained": trained}
 
 
 def trainer_files(svc: Service, step: int) -> dict:
@@ -231,6 +248,7 @@ def resume(svc: Service, version: int) -> dict:
             (version,),
         ).rowcount
         recheck_unconsumed(svc, cur)
+        cur.execute("DELETE FROM run_metrics WHERE step > ?", (version,))
         svc.set_meta(cur, "policy", str(version))
         cur.execute("DELETE FROM meta WHERE k IN ('done', 'stopped')")
     return {"returned": n}

@@ -1,35 +1,44 @@
 """Per-node mismatch between the log-probs a worker recorded and the trainer's, and
 the rule that sends a node whose unchecked files stand out to the validators.
 
-The trainer reports, per step and per (node, checked) pair it trained on, the
-mean per-token mismatch KL (a k3 estimate of KL(π_behav ‖ π_prox): π_behav the
-policy the worker says sampled each token, π_prox the trainer's at the start of
-the step) over `tokens` tokens, and the fraction of those tokens whose weight
-was truncated or masked (`POST /v1/trainer/mismatch`). `checked` says whether
-the files were validated. The figures are kept in the `mismatch` table, one row
-per (step, node, checked); a step posted again (after a resume) replaces its
-rows, and rows older than the window are deleted.
+The trainer reports, per step and per (node, checked, staleness) cell it trained
+on, the mean per-token mismatch KL (a k3 estimate of KL(π_behav ‖ π_prox): π_behav
+the policy the worker says sampled each token, π_prox the trainer's at the start of
+the step) over `tokens` tokens, and the fraction of those tokens whose weight was
+truncated or masked (`POST /v1/trainer/mismatch`). `checked` says whether the files
+were validated; `staleness` is the step minus the policy version that sampled them.
+The figures are kept in the `mismatch` table, one row per cell; a step posted again
+(after a resume) replaces its rows, and rows older than the window are deleted.
 
-The rule, over the window of the last `validator.mismatch_window` steps up to
-the step just reported, with token-weighted means (Σ tokens·kl / Σ tokens):
+The rule compares like with like: honest mismatch is mostly staleness (the policy
+moved between sampling and training), so a node's tokens are held to the swarm's
+figure at the same staleness. Over the window of the last
+`validator.mismatch_window` steps up to the step just reported, with token-weighted
+means (Σ tokens·kl / Σ tokens), for each staleness s that at least two nodes have
+tokens at:
 
-    reference = the larger of the mean KL of every checked file in the
-                window (all nodes: validated files are known honest) and
-                the (lower) median over nodes of each node's mean KL on all
-                its files
-    flagged   ⇔ unchecked tokens ≥ mismatch_min_tokens
-                and mean KL on unchecked files > mismatch_factor ·
-                max(reference, mismatch_floor)
+    reference_s = the larger of the mean KL of every checked file at s (all
+                  nodes: validated files are known honest) and the (lower)
+                  median over nodes of each node's mean KL on all its files at s
+    limit_s     = mismatch_factor · max(reference_s, mismatch_floor)
 
-Why the larger of the two: honest mismatch is mostly staleness (the policy
-moved between sampling and training), and the few checked files of a window
-may all be fresh ones. Measured on the default run (SmolLM2, lr 2e-5): the
-checked files of steps 0-3 had KL 5e-9 (trained at the version that sampled
-them), the same honest node's unchecked files 0.015 (two versions old), which
-the checked reference alone flagged. The median over nodes holds an honest
-node to the swarm's typical figure; a forger among honest nodes still stands
-out from it. With a single node the median is its own figure, and its forgery
-is left to the spot checks; with two, the lower of the two figures.
+and a node, over its unchecked tokens U_s at those staleness values:
+
+    flagged ⇔ Σ U_s ≥ mismatch_min_tokens and Σ U_s·kl_s > Σ U_s·limit_s
+
+Measured on the tiny model's swarm (lr 2.5e-4, two honest workers and a forger,
+`tests/integration/test_forged_logprobs.py`): honest files at staleness 1 had KL
+0 (the trainer had not moved since), at staleness 2 0.0015-0.056 per node and
+step, and once a single file 0.38 against its node's mean of 0.026: 15x. A CI run
+of 2026-11-26 flagged an honest node under the earlier rule (factor 10, one
+reference over all staleness; its figures were not kept): a file like the 0.38
+one is enough, and so is a node whose only file is two versions old while the
+others' are fresh, which stands against a reference near 0. The forger (log-probs 3 nats low) is at
+16: about 600x. The default factor of 50 leaves 3x between it and the worst honest
+file measured, and 12x below the forgery.
+
+Staleness that only one node has in the window is not judged: the median of one
+node is its own figure (a single node's forgery is left to the spot checks).
 
 A flagged node is *suspect* (table `suspects`): every file it submits is drawn
 for validation whatever `validator.sample_rate`, and its files accepted
@@ -45,7 +54,7 @@ What this catches and what it does not: log-probs forged far off the policy on
 unchecked files. A node that forges within `mismatch_factor` of the reference
 is not flagged (the trainer's truncation of the weights bounds what such a
 forgery can do), nor one with fewer unchecked tokens than
-`mismatch_min_tokens` in the window.
+`mismatch_min_tokens` in the window at a staleness another node shares.
 """
 
 from __future__ import annotations
@@ -62,13 +71,15 @@ log = logging.getLogger("swarmrl.orchestrator")
 
 @dataclass(frozen=True)
 class NodeMismatch:
-    """One node's mismatch over the window: tokens and Σ tokens·kl, unchecked and checked."""
+    """One node's mismatch over the window, at one staleness (None: all of them pooled):
+    tokens and Σ tokens·kl, unchecked and checked."""
 
     node: str
     unchecked_tokens: int = 0
     unchecked_kl_sum: float = 0.0
     checked_tokens: int = 0
     checked_kl_sum: float = 0.0
+    staleness: int | None = None
 
     @property
     def unchecked_kl(self) -> float | None:
@@ -84,9 +95,21 @@ class NodeMismatch:
         return (self.unchecked_kl_sum + self.checked_kl_sum) / tokens if tokens else None
 
 
+@dataclass(frozen=True)
+class Outlier:
+    """A flagged node: its judged unchecked tokens, their mean KL, and the mean limit
+    they were held to (Σ U_s·limit_s / Σ U_s)."""
+
+    node: str
+    tokens: int
+    kl: float
+    limit: float
+
+
 def reference_kl(window: list[NodeMismatch]) -> float | None:
     """The swarm's mismatch: the larger of the mean KL of every checked file in the
-    window and the median over nodes of their mean KL on all files (None: no figures)."""
+    window and the median over nodes of their mean KL on all files (None: no figures).
+    The rule applies it to the cells of one staleness; the ledger shows it pooled."""
     per_node = [m.all_kl for m in window if m.all_kl is not None]
     if not per_node:
         return None
@@ -95,36 +118,56 @@ def reference_kl(window: list[NodeMismatch]) -> float | None:
     return max(checked, statistics.median_low(per_node))
 
 
+def staleness_limits(cells: list[NodeMismatch], factor: float, floor: float) -> dict:
+    """limit_s for every staleness at least two nodes have figures at (module docstring)."""
+    by: dict[int | None, list[NodeMismatch]] = {}
+    for m in cells:
+        by.setdefault(m.staleness, []).append(m)
+    limits = {}
+    for s, group in by.items():
+        reference = reference_kl(group)
+        if reference is not None and len({m.node for m in group if m.all_kl is not None}) >= 2:
+            limits[s] = factor * max(reference, floor)
+    return limits
+
+
 def outliers(
-    window: list[NodeMismatch], factor: float, floor: float, min_tokens: int
-) -> list[NodeMismatch]:
-    """The nodes the rule flags (module docstring), in the order of `window`."""
-    reference = reference_kl(window)
-    if reference is None:
-        return []
-    limit = factor * max(reference, floor)
+    cells: list[NodeMismatch], factor: float, floor: float, min_tokens: int
+) -> list[Outlier]:
+    """The nodes the rule flags (module docstring), in the order of first appearance.
+    `cells`: one per (node, staleness)."""
+    limits = staleness_limits(cells, factor, floor)
+    judged: dict[str, list[float]] = {}  # node -> [tokens, Σ tokens·kl, Σ tokens·limit]
+    for m in cells:
+        if m.staleness not in limits or not m.unchecked_tokens:
+            continue
+        acc = judged.setdefault(m.node, [0, 0.0, 0.0])
+        acc[0] += m.unchecked_tokens
+        acc[1] += m.unchecked_kl_sum
+        acc[2] += m.unchecked_tokens * limits[m.staleness]
     return [
-        m
-        for m in window
-        if m.unchecked_tokens >= min_tokens
-        and m.unchecked_kl is not None
-        and m.unchecked_kl > limit
+        Outlier(node, int(tokens), kl_sum / tokens, allowed / tokens)
+        for node, (tokens, kl_sum, allowed) in judged.items()
+        if tokens >= min_tokens and kl_sum > allowed
     ]
 
 
-def window_figures(cur, step: int, window: int) -> list[NodeMismatch]:
-    """Each node's figures over steps step − window + 1 … step, by node key."""
+def window_figures(cur, step: int, window: int, by_staleness: bool = False) -> list[NodeMismatch]:
+    """Each node's figures over steps step − window + 1 … step, by node key: pooled over
+    staleness, or one per (node, staleness) with `by_staleness`."""
     rows = cur.execute(
-        "SELECT node, checked, SUM(tokens), SUM(tokens * kl) FROM mismatch"
-        " WHERE step > ? AND step <= ? GROUP BY node, checked ORDER BY node, checked",
+        "SELECT node, staleness, checked, SUM(tokens), SUM(tokens * kl) FROM mismatch"
+        " WHERE step > ? AND step <= ? GROUP BY node, staleness, checked"
+        " ORDER BY node, staleness, checked",
         (step - window, step),
     ).fetchall()
-    per: dict[str, dict] = {}
-    for node, checked, tokens, kl_sum in rows:
+    per: dict[tuple, dict] = {}
+    for node, staleness, checked, tokens, kl_sum in rows:
+        f = per.setdefault((node, staleness if by_staleness else None), {})
         side = "checked" if checked else "unchecked"
-        per.setdefault(node, {})[f"{side}_tokens"] = int(tokens)
-        per[node][f"{side}_kl_sum"] = float(kl_sum)
-    return [NodeMismatch(node, **f) for node, f in per.items()]
+        f[f"{side}_tokens"] = f.get(f"{side}_tokens", 0) + int(tokens)
+        f[f"{side}_kl_sum"] = f.get(f"{side}_kl_sum", 0.0) + float(kl_sum)
+    return [NodeMismatch(node, **f, staleness=s) for (node, s), f in per.items()]
 
 
 def rule_active(svc: Service) -> bool:
@@ -167,25 +210,25 @@ def record(svc: Service, step: int, figures: list[dict]) -> dict:
             if not known[node]:
                 continue
             cur.execute(
-                "INSERT INTO mismatch (step, node, checked, tokens, kl, truncated, files)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (step, node, checked) DO UPDATE SET"
+                "INSERT INTO mismatch (step, node, checked, staleness, tokens, kl, truncated,"
+                " files) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (step, node, checked, staleness) DO UPDATE SET"
                 " tokens = excluded.tokens, kl = excluded.kl,"
                 " truncated = excluded.truncated, files = excluded.files",
-                (step, node, int(f["checked"]), f["tokens"], max(f["kl"], 0.0), f["truncated"],
-                 f["files"]),
+                (step, node, int(f["checked"]), f["staleness"], f["tokens"], max(f["kl"], 0.0),
+                 f["truncated"], f["files"]),
             )  # fmt: skip
         cur.execute("DELETE FROM mismatch WHERE step <= ?", (step - v.mismatch_window,))
         svc.set_meta(cur, "mismatch_step", str(step))
         if not rule_active(svc):
             return {"flagged": []}
-        window = window_figures(cur, step, v.mismatch_window)
-        reference = reference_kl(window)
+        cells = window_figures(cur, step, v.mismatch_window, by_staleness=True)
         first = max(0, step - v.mismatch_window + 1)
-        for m in outliers(window, v.mismatch_factor, v.mismatch_floor, v.mismatch_min_tokens):
+        for m in outliers(cells, v.mismatch_factor, v.mismatch_floor, v.mismatch_min_tokens):
             detail = (
-                f"unchecked mismatch KL {m.unchecked_kl:.4g} over {m.unchecked_tokens} tokens"
-                f" > {v.mismatch_factor:g} x max(reference {reference:.4g},"
-                f" floor {v.mismatch_floor:g}) in steps {first}..{step}"
+                f"unchecked mismatch KL {m.kl:.4g} over {m.tokens} tokens > {m.limit:.4g},"
+                f" {v.mismatch_factor:g} x max(the swarm's at the same staleness,"
+                f" floor {v.mismatch_floor:g}), in steps {first}..{step}"
             )
             new = cur.execute(
                 "INSERT INTO suspects VALUES (?, ?, ?, ?) ON CONFLICT (node) DO NOTHING"

@@ -66,6 +66,7 @@ class ObjectStore(Protocol):
     def download_url(self, key: str, expires: int) -> str: ...
     def verify(self, key: str, size: int, sha256: str) -> str | None: ...
     def delete(self, key: str) -> None: ...
+    def read(self, key: str, limit: int) -> bytes | None: ...
 
 
 def _verify(data: bytes | None, size: int, sha256: str) -> str | None:
@@ -184,6 +185,17 @@ class LocalObjectStore:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def read(self, key: str, limit: int) -> bytes | None:
+        """The object's bytes (None when it is gone); one over `limit` bytes is refused."""
+        try:
+            with open(self._path(key), "rb") as f:
+                data = f.read(limit + 1)
+        except FileNotFoundError:
+            return None
+        if len(data) > limit:
+            raise ObjectError(413, f"object over {limit} bytes")
+        return data
+
 
 class S3ObjectStore:
     def __init__(self, bucket: str, endpoint: str = "", region: str = "us-east-1"):
@@ -249,6 +261,15 @@ class S3ObjectStore:
 
     def delete(self, key: str) -> None:
         self.s3.delete_object(Bucket=self.bucket, Key=key)
+
+    def read(self, key: str, limit: int) -> bytes | None:
+        try:
+            head = self.s3.head_object(Bucket=self.bucket, Key=check_key(key))
+            if int(head["ContentLength"]) > limit:
+                raise ObjectError(413, f"object over {limit} bytes")
+            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read(limit + 1)
+        except self.s3.exceptions.ClientError:
+            return None
 
 
 def _ascii(sig: str) -> bytes:

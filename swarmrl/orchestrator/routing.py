@@ -5,13 +5,19 @@ route is added). It runs a route's caller check (a signed route's
 `authenticate`, an operator route's token) before FastAPI reads the body, and
 then refuses a body that is not strict JSON with 400 (`strict_json`), so that
 neither an unauthenticated caller nor a value the server cannot store or write
-back gets further.
+back gets further. `add_refusals` installs how the app answers what it refuses
+(an ApiError, a bad body, a client that hung up).
 """
 
 from __future__ import annotations
 
-from fastapi import Request, Response
+import math
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 
 from swarmrl.orchestrator.service import ApiError
 
@@ -80,3 +86,45 @@ def strict_json(body: bytes) -> None:
         except UnicodeEncodeError:
             refuse("a string holds an unpaired surrogate")
         stack.extend(x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())
+
+
+def add_refusals(app: FastAPI) -> None:
+    """How the app answers what it refuses: an ApiError as its status and detail, a bad
+    body as 422 naming each field, a client that hung up as 400."""
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid_body)
+    app.add_exception_handler(ClientDisconnect, _gone)
+
+
+async def _api_error(_request, e: ApiError):
+    headers = None
+    if e.retry_after_s is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
+    return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
+
+
+async def _gone(_request, _e: ClientDisconnect):
+    """The client hung up (or was cut off by orchestrator/connections.py) while its
+    body was read: no one reads an answer, and it is not the server's error."""
+    return Response(status_code=400)
+
+
+async def _invalid_body(_request, e: RequestValidationError):
+    """422 naming each bad field, without echoing its input: a NaN or an infinity (which
+    Python's JSON reader accepts) cannot be written back as JSON, and FastAPI's own
+    handler would fail on it with a 500."""
+    errors = [
+        {"loc": [_printable(p) for p in x["loc"]], "msg": _printable(x["msg"]),
+         "type": _printable(x["type"])}
+        for x in e.errors()
+    ]  # fmt: skip
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+def _printable(part):
+    """A location or message part safe to write back: an int as it is, anything else
+    as text of at most 100 characters that UTF-8 can encode."""
+    if type(part) is int:
+        return part
+    text = str(part)[:100]
+    return text.encode("utf-8", "replace").decode("utf-8")

@@ -3,9 +3,9 @@ malformed, oversized or wrongly typed body is a 422 that names the field."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 SHA256 = r"^[0-9a-f]{64}$"
 KEY = r"^[0-9a-f]{64}$"
@@ -123,6 +123,12 @@ class ConsumeIn(_In):
 class NodeMismatchIn(_In):
     node: str = Field(pattern=KEY, description="The node's key, hex.")
     checked: bool = Field(description="Whether these files were validated.")
+    staleness: int = Field(
+        0,
+        ge=0,
+        le=1 << 40,
+        description="The step trained minus the policy version that sampled the files.",
+    )
     tokens: int = Field(ge=0, le=1 << 50, description="Tokens the figures are over.")
     kl: float = Field(
         ge=-1e-3,
@@ -143,14 +149,15 @@ class NodeMismatchIn(_In):
 class MismatchIn(_In):
     step: int = Field(ge=0, le=1 << 40, description="The step the trainer trained.")
     nodes: list[NodeMismatchIn] = Field(
-        max_length=10_000, description="One entry per (node, checked) pair trained on."
+        max_length=10_000,
+        description="One entry per (node, checked, staleness) cell trained on.",
     )
 
     @model_validator(mode="after")
-    def one_entry_per_pair(self) -> MismatchIn:
-        pairs = {(n.node, n.checked) for n in self.nodes}
-        if len(pairs) != len(self.nodes):
-            raise ValueError("more than one entry for a (node, checked) pair")
+    def one_entry_per_cell(self) -> MismatchIn:
+        cells = {(n.node, n.checked, n.staleness) for n in self.nodes}
+        if len(cells) != len(self.nodes):
+            raise ValueError("more than one entry for a (node, checked, staleness) cell")
         return self
 
 
@@ -185,3 +192,22 @@ class ClaimIn(_In):
         max_length=200,
         description="Where this validator computes, e.g. 'cuda:0 (NVIDIA H100)' or 'cpu (2 threads)'.",
     )
+
+
+class MetricsIn(_In):
+    step: int = Field(ge=0, le=1 << 40, description="The step the row describes.")
+    row: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]{1,64}$")],
+              float | int | bool | None] = Field(
+        max_length=512, description="The step's metrics.jsonl row (flat: names to numbers)."
+    )  # fmt: skip
+
+
+class EvaluationIn(_In):
+    name: str = Field(
+        pattern=r"^[a-z0-9_]{1,64}$", description="Which evaluation, e.g. 'start_model'."
+    )
+    step: int = Field(ge=0, le=1 << 40, description="The policy version it scored.")
+    result: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]{1,64}$")],
+                 float | int | bool | Annotated[str, StringConstraints(max_length=200)] | None] = Field(
+        max_length=64, description="Its figures (eval.json): accuracy, mean reward, ..."
+    )  # fmt: skip

@@ -9,6 +9,7 @@ a PostgreSQL database) signs and checks the same way.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,13 @@ class Service:
     secret: bytes = b""
     upload_times: dict[str, list[float]] = field(default_factory=dict)
     asked_work: dict[str, float] = field(default_factory=dict)  # admission.py: key -> time
+    # the dashboard's view of the weights, as this replica saw it (not kept in the database):
+    # each node's policy version at its last heartbeat, and when each version was announced
+    node_versions: dict[str, int | None] = field(default_factory=dict)
+    published_at: dict[int, float] = field(default_factory=dict)
+    # url -> (time asked, versions it serves or None, error): dashboard.py's ServerVersions
+    server_versions: dict[str, tuple] = field(default_factory=dict)
+    asking_servers: threading.Lock = field(default_factory=threading.Lock)
     dataset_sha256: str | None = None
 
     def init_identity(self) -> None:

@@ -91,6 +91,7 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
     """Record the heartbeat; the answer carries the node's assignment or why it waits."""
     cfg = svc.cfg
     now = svc.clock()
+    svc.node_versions[key] = policy_version
     with svc.db.tx() as cur:
         state = touch(svc, cur, key)
         run = run_state(svc, cur)

@@ -1,5 +1,13 @@
 """Rollout files: one parquet file per upload, one row per completion, whole groups.
 
+Version 2 (written today) carries trajectories: `completion_tokens` holds every
+span after the prompt in order (model, environment, model, ...), and
+`completion_mask` says which tokens the model sampled (1) and which the
+environment inserted (0: a tool's result, a user turn); the log-prob of an
+environment token is 0. The version is in the parquet metadata
+(`swarmrl.rollouts`). A version-1 file (no such key, no mask column) reads as one
+model span: every row gets a mask of ones, so the readers have one code path.
+
 The schema (docs/reference/formats.md) is checked exactly on read: a file with
 a missing, extra or mistyped column, a list longer than the configured limits,
 a group that is not whole, or a non-finite number is rejected with a reason
@@ -17,7 +25,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA = pa.schema(
+SCHEMA_V1 = pa.schema(
     [
         ("problem_id", pa.string()),
         ("group", pa.int32()),
@@ -39,6 +47,10 @@ SCHEMA = pa.schema(
         ("completion", pa.string()),
     ]
 )
+VERSION = 2
+VERSION_KEY = b"swarmrl.rollouts"  # parquet key-value metadata: the file's version
+_MASK = pa.field("completion_mask", pa.list_(pa.int8()))
+SCHEMA = SCHEMA_V1.insert(SCHEMA_V1.get_field_index("completion_logprobs") + 1, _MASK)
 COLUMNS = SCHEMA.names
 MAX_FILE_BYTES = 256 * 1024 * 1024
 MAX_DECODED_BYTES = 1024 * 1024 * 1024  # all columns, decoded
@@ -52,20 +64,52 @@ class RolloutFileError(ValueError):
 @dataclass(frozen=True)
 class Limits:
     max_prompt_tokens: int = 4096
-    max_completion_tokens: int = 32768
+    max_completion_tokens: int = 32768  # model and environment tokens together
     max_rows: int = 65536
     group_size: int | None = None  # when set, every group must have exactly this many rows
+    max_turns: int = 1 << 20  # model spans per trajectory
 
 
 def write_rollouts(rows: list[dict]) -> bytes:
-    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    """A version-2 file; a row without `completion_mask` is one model span."""
+    rows = [
+        r if "completion_mask" in r else r | {"completion_mask": [1] * len(r["completion_tokens"])}
+        for r in rows
+    ]
+    schema = SCHEMA.with_metadata({VERSION_KEY: str(VERSION).encode()})
+    table = pa.Table.from_pylist(rows, schema=schema)
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     return buf.getvalue()
 
 
-def read_rollouts(data: bytes, limits: Limits = Limits()) -> list[dict]:
-    """Parse and validate a rollout file; return its rows."""
+def spans(mask: list[int]) -> list[tuple[int, int, bool]]:
+    """The runs of a completion mask: (start, end, is the model's), in order."""
+    out: list[tuple[int, int, bool]] = []
+    start = 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            out.append((start, i, mask[start] == 1))
+            start = i
+    return out
+
+
+def file_version(schema: pa.Schema) -> int:
+    """The version a file says it is: its metadata key, or 1 without one."""
+    meta = schema.metadata or {}
+    if VERSION_KEY not in meta:
+        return 1
+    raw = meta[VERSION_KEY]
+    if raw not in (b"1", b"2"):
+        raise RolloutFileError(f"rollout file version {raw[:20]!r} is not one this reader knows")
+    return int(raw)
+
+
+def read_rollouts(
+    data: bytes, limits: Limits = Limits(), max_decoded: int = MAX_DECODED_BYTES
+) -> list[dict]:
+    """Parse and validate a rollout file; return its rows (`max_decoded`: the most its
+    columns may decode to, by its footer)."""
     if len(data) > MAX_FILE_BYTES:
         raise RolloutFileError(f"file is {len(data)} bytes, over the {MAX_FILE_BYTES} limit")
     try:
@@ -73,11 +117,15 @@ def read_rollouts(data: bytes, limits: Limits = Limits()) -> list[dict]:
         schema = pf.schema_arrow
     except Exception as e:  # any decoding failure means a corrupt file
         raise RolloutFileError(f"not a readable parquet file: {type(e).__name__}: {e}") from None
-    missing = [c for c in COLUMNS if c not in schema.names]
-    extra = [c for c in schema.names if c not in COLUMNS]
+    version = file_version(schema)
+    expected = SCHEMA if version == 2 else SCHEMA_V1
+    missing = [c for c in expected.names if c not in schema.names]
+    extra = [c for c in schema.names if c not in expected.names]
     if missing or extra:
-        raise RolloutFileError(f"schema mismatch: missing columns {missing}, unexpected {extra}")
-    for field in SCHEMA:
+        raise RolloutFileError(
+            f"schema mismatch (version {version}): missing columns {missing}, unexpected {extra}"
+        )
+    for field in expected:
         got = schema.field(field.name).type
         if got != field.type:
             raise RolloutFileError(f"column '{field.name}' has type {got}, expected {field.type}")
@@ -85,13 +133,16 @@ def read_rollouts(data: bytes, limits: Limits = Limits()) -> list[dict]:
         raise RolloutFileError(f"{pf.metadata.num_rows} rows, over the limit of {limits.max_rows}")
     if pf.metadata.num_rows == 0:
         raise RolloutFileError("file holds no rows")
-    _check_sizes_before_reading(pf.metadata, limits)
+    _check_sizes_before_reading(pf.metadata, limits, max_decoded)
     try:
         table = pf.read()
     except Exception as e:  # decoding errors inside the data pages
         raise RolloutFileError(f"corrupt parquet data: {type(e).__name__}: {e}") from None
-    _check_lengths(table, limits)  # in Arrow's compact form, before any Python objects exist
+    _check_lengths(table, limits, version)  # in Arrow's form, before any Python objects exist
     rows = table.to_pylist()
+    if version == 1:
+        for r in rows:
+            r["completion_mask"] = [1] * len(r["completion_tokens"] or ())
     _check_rows(rows, limits)
     return rows
 
@@ -101,10 +152,11 @@ def _list_budget(limits: Limits, rows: int) -> dict[str, int]:
         "prompt_tokens": rows * limits.max_prompt_tokens,
         "completion_tokens": rows * limits.max_completion_tokens,
         "completion_logprobs": rows * limits.max_completion_tokens,
+        "completion_mask": rows * limits.max_completion_tokens,
     }
 
 
-def _check_sizes_before_reading(metadata, limits: Limits) -> None:
+def _check_sizes_before_reading(metadata, limits: Limits, max_decoded: int) -> None:
     """A few kilobytes of parquet can decode to gigabytes (a long run of one value):
     the footer's value counts and sizes are checked before any page is decoded."""
     budget = _list_budget(limits, metadata.num_rows)
@@ -120,15 +172,17 @@ def _check_sizes_before_reading(metadata, limits: Limits) -> None:
     for name, limit in budget.items():
         if values.get(name, 0) > limit:
             raise RolloutFileError(f"column '{name}' holds {values[name]} values, over {limit}")
-    if decoded > MAX_DECODED_BYTES:
-        raise RolloutFileError(f"file decodes to {decoded} bytes, over {MAX_DECODED_BYTES}")
+    if decoded > max_decoded:
+        raise RolloutFileError(f"file decodes to {decoded} bytes, over {max_decoded}")
 
 
-def _check_lengths(table: pa.Table, limits: Limits) -> None:
+def _check_lengths(table: pa.Table, limits: Limits, version: int) -> None:
     """The same limits on the decoded columns (a footer can lie)."""
     import pyarrow.compute as pc
 
     for name, limit in _list_budget(limits, 1).items():
+        if name not in table.column_names:  # the mask of a version-1 file
+            continue
         lengths = pc.list_value_length(table.column(name))
         longest = pc.max(lengths).as_py() or 0
         if longest > limit:
@@ -154,6 +208,7 @@ def _check_rows(rows: list[dict], limits: Limits) -> None:
             raise RolloutFileError(
                 f"row {i}: {len(r['completion_logprobs'])} logprobs for {n} tokens"
             )
+        _check_mask(i, r, limits)
         for name in ("reward", "task_reward", "length_penalty", "temperature"):
             if not math.isfinite(r[name]):
                 raise RolloutFileError(f"row {i}: {name} is not finite")
@@ -177,6 +232,32 @@ def _check_rows(rows: list[dict], limits: Limits) -> None:
             raise RolloutFileError(f"group {g} mixes prompts")
         if limits.group_size is not None and len(idx) != limits.group_size:
             raise RolloutFileError(f"group {g} has {len(idx)} rows, expected {limits.group_size}")
+
+
+def _check_mask(i: int, r: dict, limits: Limits) -> None:
+    """One mask entry per token, each 0 or 1; the trajectory starts and ends with the
+    model (an environment span sits between two model spans); environment tokens have
+    log-prob 0; at most `max_turns` model spans."""
+    mask = r["completion_mask"]
+    if len(mask) != len(r["completion_tokens"]):
+        raise RolloutFileError(
+            f"row {i}: completion_mask has {len(mask)} entries for "
+            f"{len(r['completion_tokens'])} tokens"
+        )
+    if any(m not in (0, 1) for m in mask):
+        raise RolloutFileError(f"row {i}: completion_mask holds values other than 0 and 1")
+    if mask[0] != 1 or mask[-1] != 1:
+        raise RolloutFileError(
+            f"row {i}: the completion must start and end with the model's tokens "
+            "(an environment span sits between two model spans)"
+        )
+    if any(lp != 0.0 for lp, m in zip(r["completion_logprobs"], mask, strict=True) if not m):
+        raise RolloutFileError(f"row {i}: an environment token has a log-prob other than 0")
+    turns = sum(1 for _, _, model in spans(mask) if model)
+    if turns > limits.max_turns:
+        raise RolloutFileError(
+            f"row {i}: {turns} model turns, over the limit of {limits.max_turns}"
+        )
 
 
 def sha256(data: bytes) -> str:

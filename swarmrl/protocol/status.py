@@ -1,4 +1,6 @@
-"""`swarmrl status --orchestrator URL`: the public ledger of a run as a table."""
+"""`swarmrl status --orchestrator URL`: the public ledger of a run as a table: the node
+table of the dashboard (its swarm view: the ledger with each node's hardware, pace and
+the policy version it holds), or the ledger's columns alone where the dashboard is off."""
 
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
         "suspect",
         "device",
     ]
+    swarm = any("version" in n for n in ledger["nodes"])  # the dashboard's swarm view
+    if swarm:
+        cols += ["hardware", "s/unit", "policy", "behind", "lag"]
     rows = [
         [
             n["key"][:16],
@@ -58,6 +63,7 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
             _kl(n.get("kl_checked")),
             "yes" if n.get("suspect") else "no",
             n.get("device") or "-",
+            *(_swarm_cells(n) if swarm else []),
         ]
         for n in ledger["nodes"]
     ]
@@ -78,6 +84,19 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def _swarm_cells(n: dict) -> list[str]:
+    """The swarm view's columns: hardware, measured pace, policy held, weights lag."""
+
+    def show(v, fmt="{}"):
+        return "-" if v is None else fmt.format(v)
+
+    hw = f"{n['cpus']} cpu, {n['memory_gb']:.0f} GB" if n.get("cpus") else "-"
+    if n.get("gpus"):
+        hw += ", " + ", ".join(n["gpus"])
+    return [hw, show(n.get("s_per_unit"), "{:.3g}"), show(n.get("version")),
+            show(n.get("behind")), show(n.get("lag_s"), "{:.1f}s")]  # fmt: skip
+
+
 def _device_lines(devices: dict) -> list[str]:
     """Where the trainer and each validator compute, as they last reported it."""
     lines = []
@@ -89,13 +108,16 @@ def _device_lines(devices: dict) -> list[str]:
 
 
 def print_status(url: str, as_json: bool = False) -> int:
+    base = url.rstrip("/")
     try:
-        resp = httpx.get(url.rstrip("/") + "/v1/ledger", timeout=10.0)
+        resp = httpx.get(base + "/v1/dashboard/swarm", timeout=10.0)
+        if resp.status_code == 404:  # the dashboard is off: the ledger alone
+            resp = httpx.get(base + "/v1/ledger", timeout=10.0)
     except httpx.TransportError as e:
         print(f"swarmrl: cannot reach the orchestrator at {url}: {e}", file=sys.stderr)
         return 2
     if resp.status_code != 200:
-        print(f"swarmrl: {url}/v1/ledger answered {resp.status_code}", file=sys.stderr)
+        print(f"swarmrl: {resp.request.url} answered {resp.status_code}", file=sys.stderr)
         return 2
     ledger = resp.json()
     print(json.dumps(ledger, indent=1) if as_json else ledger_table(ledger))

@@ -18,6 +18,10 @@ from dataclasses import asdict, dataclass, field
 from swarmrl.protocol.identity import sign, verify
 
 PAYLOAD_PREFIX = b"swarmrl-verdict-v1\n"
+# A rejection with one of these checks blames no one: the validator's own failure
+# (`error`), or a tool answer the validator cannot settle (`unverifiable`: a Python
+# program at its time limit or with output that changes between runs).
+BLAMELESS_CHECKS = ("error", "unverifiable")
 
 
 @dataclass

@@ -22,7 +22,11 @@ by that one thing:
 - easy-level: answers problems of the easiest difficulty level (and no
   down-weighting of mastered problems) instead of the issued sampler state;
 - replay: after one honest file, submits that file again, relabelled, as the
-  work of every later assignment.
+  work of every later assignment;
+- forged-tool-result, dropped-turn, edited-after-tool, loose-tool-limits: the
+  cheats of multi-turn runs (sim/tool_cheats.py).
+
+sim/registry.py names them all (`make_cheat`).
 
 These are test fixtures of the validator, not part of an honest run. Each
 is a `Cheat`: the public steps of `inference/worker.py` (plan the prompts,
@@ -33,9 +37,6 @@ itself knows nothing of cheats.
 """
 
 from __future__ import annotations
-
-import hashlib
-from pathlib import Path
 
 import torch
 
@@ -82,8 +83,10 @@ class Cheat:
     def plan(self, cfg, source, tokenizer, a) -> list[AssignedPrompt]:
         return worker.plan_prompts(cfg, source, tokenizer, a)
 
-    def complete(self, cfg, backend, plan: list[AssignedPrompt]) -> list[Completion]:
-        return worker.complete(cfg, backend, plan)
+    def complete(
+        self, cfg, backend, plan: list[AssignedPrompt], tokenizer=None
+    ) -> list[Completion]:
+        return worker.complete(cfg, backend, plan, tokenizer)
 
     def tamper(self, cfg, tokenizer, backend, plan, rows: list[dict]) -> list[dict]:
         return rows
@@ -92,7 +95,8 @@ class Cheat:
         """The file's rows: `build_rows` of the worker, step by step."""
         cfg = worker.with_budget(cfg, a)
         plan = self.plan(cfg, source, tokenizer, a)
-        rows = worker.score_rows(cfg, tokenizer, plan, self.complete(cfg, backend, plan), a, node)
+        made = self.complete(cfg, backend, plan, tokenizer)
+        rows = worker.score_rows(cfg, tokenizer, plan, made, a, node)
         return self.tamper(cfg, tokenizer, backend, plan, rows)
 
     def upload(self, client, a, data: bytes) -> str:
@@ -129,7 +133,7 @@ class LowPrecision(Cheat):
 class AlteredPrompt(Cheat):
     name = "altered-prompt"
 
-    def complete(self, cfg, backend, plan):
+    def complete(self, cfg, backend, plan, tokenizer=None):
         tok = self.tokenizer
         altered = [
             AssignedPrompt(
@@ -137,7 +141,7 @@ class AlteredPrompt(Cheat):
             )
             for p in plan
         ]
-        return super().complete(cfg, backend, altered)
+        return super().complete(cfg, backend, altered, tokenizer)
 
     def plan(self, cfg, source, tokenizer, a):
         self.tokenizer = tokenizer
@@ -162,7 +166,7 @@ class CheapTokens(Cheat):
         )
         self.cheap.eos_id, self.cheap.pad_id = backend.eos_id, backend.pad_id
 
-    def complete(self, cfg, backend, plan):
+    def complete(self, cfg, backend, plan, tokenizer=None):
         made = super().complete(cfg, self.cheap, plan)  # the cheap model, no proofs needed
         prompts = [p.tokens for p in plan for _ in p.seeds]
         proved = prove_by_prefill(backend, prompts, [c.tokens for c in made])
@@ -199,13 +203,13 @@ class ForgedLogprobs(Cheat):
 class WrongSeed(Cheat):
     name = "wrong-seed"
 
-    def complete(self, cfg, backend, plan):
+    def complete(self, cfg, backend, plan, tokenizer=None):
         """Samples with seeds of its own, and reports the assigned ones."""
         mine = [
             AssignedPrompt(p.task, p.target_length, p.text, p.tokens, [s + 1 for s in p.seeds])
             for p in plan
         ]
-        return super().complete(cfg, backend, mine)
+        return super().complete(cfg, backend, mine, tokenizer)
 
 
 class Truncate(Cheat):
@@ -255,34 +259,3 @@ class Replay(Cheat):
                 [r | {"step": a.step, "policy_step": a.policy_step} for r in rows]
             )
         return worker.upload_file(client, a, data)
-
-
-CHEATS = {
-    c.name: c
-    for c in (
-        OtherModel,
-        LowPrecision,
-        AlteredPrompt,
-        CheapTokens,
-        InflatedReward,
-        ForgedLogprobs,
-        WrongSeed,
-        Truncate,
-        WrongPrompts,
-        EasyLevel,
-        Replay,
-    )
-}
-RL_CHEATS = ["other-model", "low-precision", "altered-prompt", "cheap-tokens", "inflated-reward"]
-
-
-def seed_from_home(home: Path) -> int:
-    """A cheat's seed for a node home (`swarmrl worker --cheat`): nodes differ in it."""
-    return int(hashlib.sha256(str(home).encode()).hexdigest()[:6], 16)
-
-
-def make_cheat(name: str, seed: int = 0) -> Cheat:
-    if name not in CHEATS:
-        raise ValueError(f"unknown cheat '{name}'; known: {', '.join(CHEATS)}")
-    cls = CHEATS[name]
-    return cls(seed=seed) if name in ("other-model", "cheap-tokens") else cls()

@@ -170,8 +170,11 @@ def check_sampling(
     temperature: float,
     top_p: float,
     tolerance: float = 0.01,
+    positions: torch.Tensor | None = None,
 ) -> SamplingCheck:
-    """Check one completion: `logits` (n, V) are the validator's at the n generated positions."""
+    """Check one completion: `logits` (n, V) are the validator's at the n generated
+    positions; `positions`, when given, are those positions' places in the completion
+    (a trajectory's model tokens: inference/trajectory.py), else 0 .. n-1."""
     n, vocab = logits.shape
     failures, worst, total = 0, 0.0, 0.0
     block = max(1, _ROWS_PER_BLOCK // vocab)
@@ -179,7 +182,11 @@ def check_sampling(
         rows = logits[s : s + block].float() / temperature
         tok = tokens[s : s + block].to(device=rows.device, dtype=torch.long)
         seeds = torch.full((len(rows),), seed, dtype=torch.int64, device=rows.device)
-        at = torch.arange(s, s + len(rows), device=rows.device)
+        at = (
+            torch.arange(s, s + len(rows), device=rows.device)
+            if positions is None
+            else positions[s : s + len(rows)].to(device=rows.device, dtype=torch.int64)
+        )
         scores = rows + gumbel_noise(seeds, at, vocab)
         chosen = scores.gather(-1, tok[:, None]).squeeze(-1)
         competitors = scores

@@ -54,7 +54,9 @@ class Sample:
     `behav_logprobs`: the log-prob of each completion token under the distribution the
     worker sampled from (None: unknown, no importance weight); `temperature` that
     distribution's; `node`, `file`, `checked`: where it came from, and whether a
-    validator checked that file."""
+    validator checked that file. `completion_mask`: 1 at the tokens the model sampled,
+    0 at those an environment inserted (a tool's result), which the loss, the
+    importance weights and the mismatch figures leave out; None: all the model's."""
 
     prompt_tokens: list[int]
     completion_tokens: list[int]
@@ -69,6 +71,12 @@ class Sample:
     node: str = ""
     file: str = ""
     checked: bool = True
+    completion_mask: list[int] | None = None
+
+    @property
+    def model_tokens(self) -> int:
+        m = self.completion_mask
+        return len(self.completion_tokens) if m is None else sum(m)
 
 
 @dataclass
@@ -286,6 +294,7 @@ class BatchCollector:
                     node=info["node"],
                     file=f.key,
                     checked=checked,
+                    completion_mask=_env_mask(r["completion_mask"]),
                 )
                 for r, adv in zip(group_rows, centred, strict=True)
             ]
@@ -304,3 +313,8 @@ class BatchCollector:
             raise RolloutFileError("the file is not the one its verdict judged")
         if not v.accepted:
             raise RolloutFileError(f"rejected by the validator: {v.check}: {v.reason}")
+
+
+def _env_mask(mask: list[int]) -> list[int] | None:
+    """A row's mask, None where every token is the model's (single-turn rows)."""
+    return None if all(mask) else mask

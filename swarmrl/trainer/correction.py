@@ -152,12 +152,14 @@ def mismatch_metrics(samples, m: Mismatch, step: int) -> dict:
     }
 
 
-def mismatch_by_node(samples, m: Mismatch) -> list[dict]:
-    """The body of `POST /v1/trainer/mismatch`: per (node, checked) pair, the tokens,
-    their mean mismatch KL, the fraction truncated or masked, and the files."""
-    acc: dict[tuple[str, bool], list] = {}
+def mismatch_by_node(samples, m: Mismatch, step: int) -> list[dict]:
+    """The body of `POST /v1/trainer/mismatch`: per (node, checked, staleness) cell, the
+    tokens, their mean mismatch KL, the fraction truncated or masked, and the files."""
+    acc: dict[tuple[str, bool, int], list] = {}
     for s, kl, n, ex in zip(samples, m.kl, m.tokens, m.excluded, strict=True):
-        a = acc.setdefault((s.node, s.checked), [0.0, 0.0, 0.0, set()])
+        a = acc.setdefault(
+            (s.node, s.checked, max(step - s.policy_step, 0)), [0.0, 0.0, 0.0, set()]
+        )
         a[0] += kl
         a[1] += n
         a[2] += ex
@@ -166,11 +168,12 @@ def mismatch_by_node(samples, m: Mismatch) -> list[dict]:
         {
             "node": node,
             "checked": checked,
+            "staleness": staleness,
             "tokens": int(n),
             "kl": min(max(kl / n, 0.0), KL_MAX),  # k3 ≥ 0; rounding may dip below
             "truncated": ex / n,
             "files": len(files),
         }
-        for (node, checked), (kl, n, ex, files) in sorted(acc.items())
+        for (node, checked, staleness), (kl, n, ex, files) in sorted(acc.items())
         if node and n
     ]

@@ -50,6 +50,7 @@ from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.origin import Origin, Publisher
 from swarmrl.tasks.curriculum import run_curriculum
 from swarmrl.tasks.sources.task_source import TaskSource
+from swarmrl.tracking import Tracker
 from swarmrl.trainer.advantages import scale_advantages
 from swarmrl.trainer.batch import BatchCollector, OrchestratorQueue, Sample
 from swarmrl.trainer.correction import mismatch_by_node, mismatch_metrics
@@ -57,6 +58,7 @@ from swarmrl.trainer.diloco import PolicySync, sync_row
 from swarmrl.trainer.fsdp import init_distributed
 from swarmrl.trainer.losses import advantage_scale
 from swarmrl.trainer.ranks import Policy, follow, optimizer_dir
+from swarmrl.trainer.share import share_row
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -221,6 +223,9 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
         begin = _Start()
     sync = _join_sites(cfg, policy, stack, begin.step)
     collector = _collector(cfg, client, begin)
+    tracker = Tracker(cfg, "trainer")
+    stack.callback(tracker.close)
+    tracker.config()
     t_start = time.time() - begin.elapsed_s
     last = cfg.trainer.steps
     for step in range(begin.step, cfg.trainer.steps + 1):
@@ -251,6 +256,7 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
             row.update(sync_row(synced, sync.outer.outer_steps, sync.bytes_sent))
         with open(paths.metrics, "a") as f:
             f.write(json.dumps(row) + "\n")
+        share_row(cfg, client, tracker, row)
         _save_state(paths, policy, step, batch.consumed, collector, curriculum, row["elapsed_s"])
 
         def after_publish(version: int) -> None:
@@ -347,6 +353,7 @@ def _collector(cfg: RunConfig, client: OrchestratorClient, begin: _Start) -> Bat
         max_prompt_tokens=cfg.sampling.max_prompt_tokens,
         max_completion_tokens=cfg.sampling.max_new_tokens,
         group_size=cfg.worker.group_size,
+        max_turns=cfg.env.turn_limit,
     )
     queue = OrchestratorQueue(client, cfg.orchestrator.max_file_bytes)
     collector = BatchCollector(
@@ -419,7 +426,7 @@ def _metrics_row(cfg: RunConfig, step: int, level: int, next_level: int, batch, 
 
 def _report_mismatch(client: OrchestratorClient, step: int, samples, stats) -> None:
     """Per-node mismatch to the orchestrator, which sends an outlier to a validator."""
-    nodes = mismatch_by_node(samples, stats.mismatch)
+    nodes = mismatch_by_node(samples, stats.mismatch, step)
     if not nodes:
         return
     try:

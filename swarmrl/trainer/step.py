@@ -51,8 +51,9 @@ class StepStats:
 
 def _pack(samples: list[Sample], pad_id: int, device):
     """Right-padded ids and attention, the index of the logit that predicts each
-    completion token, the completion tokens and their mask; built on the CPU in one
-    piece and moved to `device` in one copy each."""
+    completion token, the completion tokens and the mask of those the loss sees (the
+    model's own: not padding, not an environment's); built on the CPU in one piece
+    and moved to `device` in one copy each."""
     seqs = [s.prompt_tokens + s.completion_tokens for s in samples]
     width = max(len(x) for x in seqs)
     comp_width = max(len(s.completion_tokens) for s in samples)
@@ -67,7 +68,10 @@ def _pack(samples: list[Sample], pad_id: int, device):
         attn[i, : len(x)] = 1
         n, p = len(s.completion_tokens), len(s.prompt_tokens)
         gather[i, :n] = torch.arange(p - 1, p - 1 + n, device=cpu)
-        mask[i, :n] = True
+        if s.completion_mask is None:
+            mask[i, :n] = True
+        else:
+            mask[i, :n] = torch.tensor(s.completion_mask, dtype=torch.bool, device=cpu)
         targets[i, :n] = torch.tensor(s.completion_tokens, device=cpu)
     return tuple(t.to(device, non_blocking=True) for t in (ids, attn, gather, targets, mask))
 
@@ -334,7 +338,7 @@ def _normaliser(cfg: TrainerConfig, mini: list[Sample], budget: float) -> float:
     if kind == "budget":
         return budget
     if kind == "tokens":
-        return float(max(sum(len(s.completion_tokens) for s in mini), 1))
+        return float(max(sum(s.model_tokens for s in mini), 1))
     return float(max(len(mini), 1))
 
 

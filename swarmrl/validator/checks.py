@@ -12,12 +12,19 @@
    problems; a step with no issued state fails closed), and the temperature
    from the config;
 5. termination: a completion ends on its first end-of-sequence token or at
-   the length limit; anything shorter is a truncation;
+   the length limit; anything shorter is a truncation. A trajectory (a run
+   with `[env]`) is replayed instead (inference/trajectory.py: `replay`):
+   each model span ends exactly where the environment's call rule, end of
+   sequence or the budget ends it (termination), and each environment span is
+   exactly what the environment answers the span before it, recomputed here
+   with the validator's own tools and limits (check `environment`);
 6. rewards: the validator decodes the tokens itself, re-scores with the
    task's verifier and the length rule, and compares;
 7. proofs: one prefill of the claimed policy over prompt + completion[:-1];
    TOPLOC chunk checks (toploc/proof.py) on the final-norm states;
-8. sampling: every token must be the seeded Gumbel-max choice under the
+8. sampling: every model token (a trajectory's environment tokens are
+   context: the proofs cover them, the sampling check does not) must be the
+   seeded Gumbel-max choice, keyed by its place in the completion, under the
    validator's own logits, up to the near-tie tolerance (toploc/sampling.py),
    the file's mean shortfall below the best score must stay under a second
    tolerance, and the log-probs the worker reports must be the validator's:
@@ -48,6 +55,8 @@ from dataclasses import dataclass, field
 import torch
 
 from swarmrl.config import RunConfig
+from swarmrl.envs.environment import environment_of
+from swarmrl.inference.trajectory import replay
 from swarmrl.models.prompting import decode_completion
 from swarmrl.protocol.assign import parse_rollout_key
 from swarmrl.protocol.prompts import assigned_prompts
@@ -125,12 +134,16 @@ class Context:
             max_completion_tokens=self.cfg.sampling.max_new_tokens,
             max_rows=self.cfg.worker.groups_per_file * self.cfg.worker.group_size,
             group_size=self.cfg.worker.group_size,
+            max_turns=self.cfg.env.turn_limit,
         )
 
 
 def check_without_model(ctx: Context, key: str, data: bytes) -> tuple[dict, list[dict]]:
     """Checks 1, 2, 4, 5 and 6 (3 is the orchestrator's). Returns the key's
-    fields and the rows; raises Reject."""
+    fields and the rows; raises Reject. A tool answer the validator cannot settle
+    is not raised here: it is `info["unverifiable"]`, a Reject to raise only after
+    every other check, the model's included, has passed (`unverifiable`: a worker
+    must not escape blame for a forgery by adding an unsettled call to its file)."""
     info = parse_rollout_key(key)
     if info is None:
         raise Reject("identity", f"unrecognised rollout key {key!r}")
@@ -141,6 +154,7 @@ def check_without_model(ctx: Context, key: str, data: bytes) -> tuple[dict, list
     _check_identity(ctx, info, rows)
     plan = _check_assignment(ctx, info, rows)
     _check_termination(ctx, rows)
+    info["unverifiable"] = _check_environment(ctx, rows)
     _check_rewards(ctx, rows, plan)
     return info, rows
 
@@ -203,6 +217,7 @@ def _check_assignment(ctx: Context, info: dict, rows: list[dict]) -> list:
 
 def _check_termination(ctx: Context, rows: list[dict]) -> None:
     limit = ctx.cfg.sampling.max_new_tokens
+    single = ctx.cfg.env.kind == "none"  # a trajectory's spans are replayed instead
     bad_ids, cut = [], []
     for i, r in enumerate(rows):
         toks = r["completion_tokens"]
@@ -210,10 +225,40 @@ def _check_termination(ctx: Context, rows: list[dict]) -> None:
             bad_ids.append(i)
             continue
         first_eos = toks.index(ctx.eos_id) if ctx.eos_id in toks else None
-        if first_eos is None and len(toks) != limit or first_eos not in (None, len(toks) - 1):
+        if single and (
+            first_eos is None and len(toks) != limit or first_eos not in (None, len(toks) - 1)
+        ):
             cut.append(i)
     _failing("schema", "hold token ids outside the vocabulary", bad_ids, len(rows))
     _failing("termination", "end neither on EOS nor at the length limit", cut, len(rows))
+
+
+def _check_environment(ctx: Context, rows: list[dict]) -> Reject | None:
+    """Replay every trajectory (a run with `[env]`): the first sample that fails names
+    the check, termination or environment, and why. Returns the `unverifiable`
+    refusal, if any, for the caller to raise last."""
+    env = environment_of(ctx.cfg)
+    if env is None:
+        return None
+    limit = ctx.cfg.sampling.max_new_tokens
+    failed: dict[str, list[int]] = {}
+    why: dict[str, str] = {}
+    for i, r in enumerate(rows):
+        got = replay(
+            env, ctx.tokenizer, r["completion_tokens"], r["completion_mask"], ctx.eos_id, limit
+        )
+        if got is not None:
+            failed.setdefault(got[0], []).append(i)
+            why.setdefault(got[0], f"sample {i}, {got[1]}")
+    for check in ("termination", "environment"):
+        bad = failed.get(check, [])
+        if bad:
+            raise Reject(check, f"{len(bad)} of {len(rows)} samples fail: {why[check]}", bad)
+    bad = failed.get("unverifiable", [])
+    if bad:
+        why_not = f"{len(bad)} of {len(rows)} samples cannot be settled: {why['unverifiable']}"
+        return Reject("unverifiable", why_not, bad)
+    return None
 
 
 def _check_rewards(ctx: Context, rows: list[dict], plan) -> None:
@@ -275,14 +320,19 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
             )
             r = rows[j]
             tokens = torch.tensor(r["completion_tokens"], device=logits.device)
+            claimed = torch.tensor(r["completion_logprobs"], dtype=torch.float32)
+            at = None
+            if not all(r["completion_mask"]):  # a trajectory: only the model's positions
+                at = torch.tensor([k for k, m in enumerate(r["completion_mask"]) if m])
+                tokens, logits, claimed = tokens[at.to(logits.device)], logits[at], claimed[at]
             own = sampling_logprobs(logits, tokens, s.temperature, s.top_p)
-            claimed = torch.tensor(r["completion_logprobs"], device=own.device, dtype=own.dtype)
-            err = (own - claimed).abs()
+            err = (own - claimed.to(device=own.device, dtype=own.dtype)).abs()
             per_sample[j] = float(err.mean())
             lp_sum, lp_count = lp_sum + float(err.sum()), lp_count + len(err)
             res = check_sampling(
-                logits, tokens, r["seed"], s.temperature, s.top_p, ctx.sampling_tolerance
-            )
+                logits, tokens, r["seed"], s.temperature, s.top_p, ctx.sampling_tolerance,
+                positions=at,  # a model token's noise is keyed by its place in the completion
+            )  # fmt: skip
             worst = max(worst, res.worst_margin)
             margin_sum, margin_tokens = margin_sum + res.margin_sum, margin_tokens + res.tokens
             if res.failures:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from swarmrl.config import RunConfig
 from swarmrl.device import describe, resolve_device
+from swarmrl.envs.environment import environment_of
 from swarmrl.inference.engine import PrefillEngine, make_engine
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.assign import parse_rollout_key
@@ -156,6 +157,8 @@ class Judge:
                 sampling_mean_tolerance=self.ctx.sampling_mean_tolerance,
             )
             v.stats = check_with_model(ctx, self.backend, rows)
+            if info.get("unverifiable") is not None:
+                raise info["unverifiable"]  # only once nothing else is wrong (checks.py)
             v.accepted = True
         except Reject as r:
             v.check, v.reason, v.samples = r.check, r.reason, r.samples
@@ -194,6 +197,7 @@ def run_validator(cfg: RunConfig, index: int) -> None:
 
     torch.set_num_threads(cfg.validator.threads)
     configure_verifiers(cfg)
+    environment_of(cfg)  # refused at start when it is not deterministic
     paths = cfg.paths
     key = load_or_create_key(paths.keys / f"validator-{index}.key")
     client = OrchestratorClient(cfg.orchestrator.url, key)

@@ -74,17 +74,9 @@ def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = No
 
 def pid_of(run_dir: Path, role_arg: str) -> int | None:
     """PID of a swarm child process whose command line contains role_arg and this run's dir."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        text = [c.decode(errors="replace") for c in cmd]
-        if "swarmrl" in text and role_arg in text and any(str(run_dir.parent) in c for c in text):
-            return int(d.name)
-    return None
+    from bench.benchproc import find_pid
+
+    return find_pid(role_arg, str(run_dir.parent))
 
 
 def kill(pid: int) -> None:

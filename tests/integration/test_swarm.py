@@ -311,7 +311,7 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
     import json
 
     from swarmrl.protocol.assign import parse_rollout_key
-    from swarmrl.sim.cheats import CHEATS
+    from swarmrl.sim.registry import SINGLE_TURN_CHEATS as CHEATS
 
     steps = 6
     # level 1 from the start, so that the easy-level cheater's level-0 prompts are a cheat

@@ -100,11 +100,11 @@ def test_mismatch_metrics_by_staleness_and_by_node():
     assert got["log_ratio_std"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in xs) / 5))
     assert got["mismatch_kl_staleness_0"] == pytest.approx(kl0 / 3)
     assert got["mismatch_kl_staleness_2"] == pytest.approx(kl1 / 2)
-    nodes = mismatch_by_node(_samples(), m)
+    nodes = mismatch_by_node(_samples(), m, step=10)
     assert nodes == [
-        {"node": "aa", "checked": True, "tokens": 3, "kl": pytest.approx(kl0 / 3),
+        {"node": "aa", "checked": True, "staleness": 0, "tokens": 3, "kl": pytest.approx(kl0 / 3),
          "truncated": pytest.approx(1 / 3), "files": 1},
-        {"node": "bb", "checked": False, "tokens": 2, "kl": pytest.approx(kl1 / 2),
+        {"node": "bb", "checked": False, "staleness": 2, "tokens": 2, "kl": pytest.approx(kl1 / 2),
          "truncated": 0.0, "files": 1},
     ]  # fmt: skip
     assert Mismatch.unflat(m.flat()) == m
@@ -118,7 +118,7 @@ def test_forged_logprobs_keep_the_figures_finite_and_within_what_the_orchestrato
     _, ex = importance_weights(prox, behav, mask, Correction("token_tis"))
     m.add([0], prox, behav, mask, ex)
     assert all(math.isfinite(v) for v in m.flat())
-    (node,) = mismatch_by_node(_samples()[:1], m)
+    (node,) = mismatch_by_node(_samples()[:1], m, 10)
     assert node["kl"] == 1e6 and math.isfinite(
         mismatch_metrics(_samples()[:1], m, 10)["mismatch_kl"]
     )

@@ -148,6 +148,7 @@ MAY_CALL = {
     ("POST", "/v1/trainer/consume"): {"trainer"},
     ("POST", "/v1/trainer/reject"): {"trainer"},
     ("POST", "/v1/trainer/mismatch"): {"trainer"},
+    ("POST", "/v1/trainer/metrics"): {"trainer"},
     ("POST", "/v1/trainer/resume"): {"trainer"},
 }
 
@@ -194,6 +195,7 @@ def test_every_signed_route_admits_only_its_roles(tmp_path):
         "/v1/trainer/consume": {"step": 0, "keys": []},
         "/v1/trainer/reject": {"key": "k", "reason": "r"},
         "/v1/trainer/mismatch": {"step": 0, "nodes": []},
+        "/v1/trainer/metrics": {"step": 0, "row": {"step": 0, "reward": 0.5}},
         "/v1/trainer/resume": {"version": 0},
     }
     callers = {

@@ -60,7 +60,10 @@ def test_work_flows_from_assignment_to_training(orch):
     assert len(o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]) == 1
     o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": 1, "keys": [g["key"]]})
     o.ok(o.trainer, "POST", "/v1/trainer/published", {"version": 1})
-    assert o.svc.objects.size(g["key"]) is None  # trained: the object is gone, the record stays
+    assert o.svc.objects.size(g["key"]) == 8  # trained, kept for the dashboard's viewer
+    keep = o.cfg.orchestrator.keep_trained_steps
+    o.ok(o.trainer, "POST", "/v1/trainer/published", {"version": 1 + keep})
+    assert o.svc.objects.size(g["key"]) is None  # then the object is gone, the record stays
     assert o.ledger()[public_key_hex(w)]["accepted"] == 1
 
 
@@ -161,14 +164,17 @@ def test_cheater_is_ejected_voided_slashed_and_cannot_come_back(orch):
     assert events["nodes"][0]["key"] == public_key_hex(honest)
 
 
-def test_a_validator_error_refuses_the_file_without_punishing(orch):
+@pytest.mark.parametrize("check", ["error", "unverifiable"])
+def test_a_validator_error_refuses_the_file_without_punishing(orch, check):
+    """`error`: the validator's own failure; `unverifiable`: a Python tool answer it
+    cannot settle. Either refuses the file and blames no one."""
     o = orch()
     w = o.worker("a")
     o.register(w)
     o.open_step(1, 0)
     _file(o, w, 0, b"breaks the checker")
     f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
-    r = o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, f, False, "error"))
+    r = o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, f, False, check))
     assert r == {"state": "rejected", "ejected": False}
     assert o.ledger()[public_key_hex(w)]["state"] == "healthy"
 

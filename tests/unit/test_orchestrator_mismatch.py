@@ -15,7 +15,9 @@ from swarmrl.protocol.status import ledger_table
 from tests.unit.orch_util import Orch
 
 ROUTE = "/v1/trainer/mismatch"
-SPOT = ("validator.sample_rate=0.01", "trainer.batch_groups=10000")
+# the route tests hold their figures to a factor of 10 (the default, 50, is set by what
+# the tiny swarm measured: orchestrator/mismatch.py)
+SPOT = ("validator.sample_rate=0.01", "trainer.batch_groups=10000", "validator.mismatch_factor=10")
 
 
 def test_reference_is_the_larger_of_the_checked_mean_and_the_node_median():
@@ -58,9 +60,48 @@ def test_without_checked_files_the_reference_is_the_median_node():
     assert reference_kl([]) is None and outliers([], 10.0, 1e-3, 1) == []
 
 
-def _figure(node: str, checked: bool, tokens: int, kl: float) -> dict:
-    return {"node": node, "checked": checked, "tokens": tokens, "kl": kl, "truncated": 0.01,
-            "files": 2}  # fmt: skip
+def test_each_staleness_is_held_to_its_own_reference():
+    """The honest figures of the tiny swarm (orchestrator/mismatch.py): files one version
+    old have KL 0, two versions old 0.002-0.06; a forger 3 nats low is at 16."""
+    fresh = [NodeMismatch(k, unchecked_tokens=300, staleness=1) for k in "ab"]
+    stale = NodeMismatch("c", unchecked_tokens=112, unchecked_kl_sum=112 * 0.38, staleness=2)
+    # against the fresh files (KL 0) c's old file would stand 380x above the floor; at
+    # staleness 2 it is alone, and a staleness one node has is not judged
+    assert outliers([*fresh, stale], 50.0, 1e-3, 64) == []
+    assert outliers(
+        [NodeMismatch("c", unchecked_tokens=112, unchecked_kl_sum=112 * 0.38)]
+        + [NodeMismatch(k, unchecked_tokens=300) for k in "ab"],
+        50.0,
+        1e-3,
+        64,
+    )
+    # at staleness 2 beside an honest node (0.026): 15x, within the factor of 50
+    honest = NodeMismatch("a", unchecked_tokens=700, unchecked_kl_sum=700 * 0.026, staleness=2)
+    assert outliers([*fresh, stale, honest], 50.0, 1e-3, 64) == []
+    # with a forger: the median_low of a, b, c, f at staleness 2 is b's 0.03, the limit 1.5
+    other = NodeMismatch("b", unchecked_tokens=700, unchecked_kl_sum=700 * 0.03, staleness=2)
+    forger = NodeMismatch("f", unchecked_tokens=350, unchecked_kl_sum=350 * 16.0, staleness=2)
+    (out,) = outliers([*fresh, stale, honest, other, forger], 50.0, 1e-3, 64)
+    assert out.node == "f" and out.tokens == 350 and out.kl == pytest.approx(16.0)
+    assert out.limit == pytest.approx(1.5)
+    # a node with tokens at two staleness values is held to the mean of their limits
+    mixed = [
+        NodeMismatch("a", unchecked_tokens=100, unchecked_kl_sum=100 * 0.02, staleness=2),
+        NodeMismatch("b", unchecked_tokens=100, unchecked_kl_sum=100 * 0.01, staleness=2),
+        NodeMismatch("a", unchecked_tokens=100, unchecked_kl_sum=100 * 0.002, staleness=1),
+        NodeMismatch("b", unchecked_tokens=100, unchecked_kl_sum=100 * 0.001, staleness=1),
+        NodeMismatch("f", unchecked_tokens=100, unchecked_kl_sum=100 * 0.05, staleness=1),
+        NodeMismatch("f", unchecked_tokens=100, unchecked_kl_sum=100 * 0.9, staleness=2),
+    ]
+    # the medians: 0.002 at staleness 1, 0.02 at 2; the limits 10x those
+    (out,) = outliers(mixed, 10.0, 1e-3, 64)
+    assert (out.node, out.tokens, out.kl) == ("f", 200, pytest.approx(0.475))
+    assert out.limit == pytest.approx((0.02 + 0.2) / 2)
+
+
+def _figure(node: str, checked: bool, tokens: int, kl: float, staleness: int = 0) -> dict:
+    return {"node": node, "checked": checked, "staleness": staleness, "tokens": tokens, "kl": kl,
+            "truncated": 0.01, "files": 2}  # fmt: skip
 
 
 def _mismatch_rows(o: Orch) -> list:
@@ -117,7 +158,7 @@ def test_only_the_trainer_may_report_and_bad_bodies_change_nothing(orch):
     # unknown nodes are ignored; a known one is kept
     body = {"step": 1, "nodes": [_figure("ab" * 32, False, 100, 5.0), _figure(me, True, 100, 0.01)]}
     assert o.ok(o.trainer, "POST", ROUTE, body) == {"flagged": []}
-    assert [(r[1], r[3]) for r in _mismatch_rows(o)] == [(me, 100)]
+    assert [(r[1], r[4]) for r in _mismatch_rows(o)] == [(me, 100)]  # node, tokens
 
 
 def test_a_list_over_the_schema_limit_is_refused(orch):
@@ -228,3 +269,30 @@ def test_every_file_validated_keeps_figures_but_flags_no_one(orch):
     assert o.ok(o.trainer, "POST", ROUTE, body) == {"flagged": []}
     assert o.ledger()[me]["kl_unchecked"] == pytest.approx(5.0)
     assert not o.ledger()[me]["suspect"]
+
+
+def test_a_mismatch_table_from_before_staleness_is_rebuilt(tmp_path):
+    import sqlite3
+
+    from swarmrl.orchestrator.db import SQLiteDatabase
+
+    path = tmp_path / "state.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE mismatch (step BIGINT NOT NULL, node TEXT NOT NULL,"
+        " checked INTEGER NOT NULL, tokens BIGINT NOT NULL, kl DOUBLE PRECISION NOT NULL,"
+        " truncated DOUBLE PRECISION NOT NULL, files BIGINT NOT NULL,"
+        " PRIMARY KEY (step, node, checked))"
+    )
+    old.execute("INSERT INTO mismatch VALUES (1, 'a', 0, 10, 0.1, 0.0, 1)")
+    old.commit()
+    old.close()
+    db = SQLiteDatabase(path)
+    with db.tx() as cur:
+        assert "staleness" in db._columns(cur, "mismatch")
+        assert cur.execute("SELECT COUNT(*) FROM mismatch").fetchone() == (0,)
+        cur.execute("INSERT INTO mismatch VALUES (1, 'a', 0, 2, 10, 0.1, 0.0, 1)")
+    db.close()
+    db = SQLiteDatabase(path)  # opened again: the new table stays with its rows
+    assert db.one("SELECT staleness, tokens FROM mismatch") == [(2, 10)]
+    db.close()

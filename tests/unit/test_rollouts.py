@@ -6,9 +6,12 @@ import pytest
 
 from swarmrl.protocol.rollouts import (
     SCHEMA,
+    SCHEMA_V1,
+    VERSION_KEY,
     Limits,
     RolloutFileError,
     read_rollouts,
+    spans,
     write_rollouts,
 )
 
@@ -53,7 +56,8 @@ def test_round_trip_keeps_schema_and_values():
     data = write_rollouts(rows)
     assert pq.read_schema(io.BytesIO(data)).equals(SCHEMA, check_metadata=False)
     back = read_rollouts(data, Limits(group_size=3))
-    assert back == rows
+    # a row written without a mask is one model span
+    assert back == [r | {"completion_mask": [1, 1]} for r in rows]
 
 
 @pytest.mark.parametrize(
@@ -69,7 +73,7 @@ def test_corrupt_bytes_are_rejected(mutate, reason):
 
 
 def test_schema_violations_are_named():
-    table = pa.Table.from_pylist(make_rows(), schema=SCHEMA)
+    table = pa.Table.from_pylist(make_rows(), schema=SCHEMA_V1)  # a version-1 file
     with pytest.raises(RolloutFileError, match=r"missing columns \['reward'\]"):
         read_rollouts(_table_bytes(table.drop_columns(["reward"])))
     wrong = table.set_column(
@@ -114,14 +118,72 @@ def test_a_compressed_bomb_is_refused_before_it_is_decoded():
 
     rows = make_rows(groups=1, g=1)
     n = 2_000_000
-    cols = {f.name: pa.array([rows[0][f.name]], type=f.type) for f in SCHEMA}
+    cols = {f.name: pa.array([rows[0][f.name]], type=f.type) for f in SCHEMA_V1}
     offsets = pa.array([0, n], pa.int32())
     cols["completion_tokens"] = pa.ListArray.from_arrays(offsets, pa.array(np.zeros(n, "int32")))
     cols["completion_logprobs"] = pa.ListArray.from_arrays(
         offsets, pa.array(np.zeros(n, "float32"))
     )
     buf = io.BytesIO()
-    pq.write_table(pa.table([cols[f.name] for f in SCHEMA], schema=SCHEMA), buf, compression="zstd")
+    table = pa.table([cols[f.name] for f in SCHEMA_V1], schema=SCHEMA_V1)
+    pq.write_table(table, buf, compression="zstd")
     assert len(buf.getvalue()) < 100_000
     with pytest.raises(RolloutFileError, match="completion_tokens' holds 2000000 values"):
         read_rollouts(buf.getvalue(), Limits(max_completion_tokens=40, max_rows=12))
+
+
+def _trajectory_rows() -> list[dict]:
+    """One group of two: a model span, a tool's answer, the model again; and a single span."""
+    rows = make_rows(groups=1, g=2)
+    rows[0].update(
+        completion_tokens=[4, 5, 6, 7, 8, 9],
+        completion_logprobs=[-0.5, -1.0, 0.0, 0.0, -0.25, -0.125],
+        completion_mask=[1, 1, 0, 0, 1, 1],
+    )
+    return rows
+
+
+def test_a_trajectory_round_trips_and_a_version_1_file_reads_as_one_model_span():
+    rows = _trajectory_rows()
+    data = write_rollouts(rows)
+    schema = pq.read_schema(io.BytesIO(data))
+    assert schema.metadata[VERSION_KEY] == b"2" and "completion_mask" in schema.names
+    back = read_rollouts(data, Limits(group_size=2, max_turns=2))
+    assert back[0] == rows[0] and back[1]["completion_mask"] == [1, 1]
+    assert spans(back[0]["completion_mask"]) == [(0, 2, True), (2, 4, False), (4, 6, True)]
+    assert spans([1]) == [(0, 1, True)]
+    # a file of today's format before the mask: no version key, no mask column
+    old = pa.Table.from_pylist(make_rows(), schema=SCHEMA_V1)
+    back = read_rollouts(_table_bytes(old), Limits(group_size=3))
+    assert [r["completion_mask"] for r in back] == [[1, 1]] * 6
+    assert [r["completion_tokens"] for r in back] == [r["completion_tokens"] for r in make_rows()]
+
+
+def test_a_bad_trajectory_is_refused_with_a_reason():
+    cases = [
+        ({"completion_mask": [1, 1, 0, 0, 1]}, "completion_mask has 5 entries for 6 tokens"),
+        ({"completion_mask": [1, 1, 2, 0, 1, 1]}, "values other than 0 and 1"),
+        ({"completion_mask": [0, 0, 1, 1, 1, 1],
+          "completion_logprobs": [0.0, 0.0, -1.0, -1.0, -1.0, -1.0]}, "start and end"),
+        ({"completion_mask": [1, 1, 1, 1, 0, 0],
+          "completion_logprobs": [-1.0, -1.0, -1.0, -1.0, 0.0, 0.0]}, "start and end"),
+        ({"completion_logprobs": [-0.5, -1.0, -0.1, 0.0, -0.25, -0.125]},
+         "an environment token has a log-prob other than 0"),
+    ]  # fmt: skip
+    for change, reason in cases:
+        rows = _trajectory_rows()
+        rows[0].update(change)
+        with pytest.raises(RolloutFileError, match=reason):
+            read_rollouts(write_rollouts(rows))
+    with pytest.raises(RolloutFileError, match="2 model turns, over the limit of 1"):
+        read_rollouts(write_rollouts(_trajectory_rows()), Limits(max_turns=1))
+    # the version key and the columns must agree, and an unknown version is named
+    table = pa.Table.from_pylist(_trajectory_rows(), schema=SCHEMA)
+    with pytest.raises(RolloutFileError, match=r"version 1\): missing columns \[\], unexp"):
+        read_rollouts(_table_bytes(table))  # a mask without the version key
+    v1 = pa.Table.from_pylist(make_rows(), schema=SCHEMA_V1.with_metadata({VERSION_KEY: b"2"}))
+    with pytest.raises(RolloutFileError, match=r"missing columns \['completion_mask'\]"):
+        read_rollouts(_table_bytes(v1))
+    v3 = table.replace_schema_metadata({VERSION_KEY: b"3"})
+    with pytest.raises(RolloutFileError, match="version b'3' is not one this reader knows"):
+        read_rollouts(_table_bytes(v3))

@@ -151,7 +151,7 @@ def _with_right_answers(maker, rows, answer):
         ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         reward = verify(task, text)
         out.append({**r, "completion": text, "completion_tokens": ids,
-                    "completion_logprobs": [0.0] * len(ids),
+                    "completion_logprobs": [0.0] * len(ids), "completion_mask": [1] * len(ids),
                     "task_reward": reward, "reward": reward})  # fmt: skip
     return out
 

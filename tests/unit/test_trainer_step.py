@@ -110,3 +110,49 @@ def test_models_the_shared_forward_would_get_wrong_take_the_packed_path():
                  num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     assert not can_share_prompts(MistralForCausalLM(MistralConfig(**small, sliding_window=8)))
     assert can_share_prompts(MistralForCausalLM(MistralConfig(**small, sliding_window=None)))
+
+
+def test_environment_tokens_are_context_and_not_trained_on(model):
+    """A trajectory's environment tokens (mask 0): the mask the loss sees is the
+    model's tokens; the update counts only those, and is the same whatever the log-probs
+    recorded at the environment's positions (an importance weight or a mismatch figure
+    there would move it); with every token called the model's it differs."""
+    import copy
+    from dataclasses import replace
+
+    from swarmrl.config import TrainerConfig
+    from swarmrl.trainer.step import grpo_update
+
+    rng = random.Random(7)
+    base = _groups([(4, 6)], model.config.vocab_size, seed=7, longest=4)
+    samples = []
+    for s in base:  # model span, two environment tokens, model span
+        tail = [rng.randrange(3, model.config.vocab_size) for _ in range(3)]
+        comp = s.completion_tokens + [5, 6] + tail
+        mask = [1] * len(s.completion_tokens) + [0, 0] + [1, 1, 1]
+        behav = [-1.0 if m else 0.0 for m in mask]
+        samples.append(replace(s, completion_tokens=comp, completion_mask=mask,
+                               behav_logprobs=behav))  # fmt: skip
+    _, _, mask = token_logprobs(model, samples, 0, share=False)
+    for i, s in enumerate(samples):
+        n = len(s.completion_tokens)
+        assert mask[i, :n].tolist() == [bool(m) for m in s.completion_mask]
+        assert not mask[i, n:].any()
+    forged = [
+        replace(s, behav_logprobs=[b if m else -30.0 for b, m in
+                                   zip(s.behav_logprobs, s.completion_mask, strict=True)])
+        for s in samples
+    ]  # fmt: skip
+    everything = [replace(s, completion_mask=None) for s in samples]
+    cfg = TrainerConfig(micro_batch=4, optimizer_steps=1, loss="grpo", is_correction="token_tis")
+    out = {}
+    for name, batch in (("masked", samples), ("forged", forged), ("all", everything)):
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        stats = grpo_update(m, None, opt, batch, cfg, 200.0, 0)
+        out[name] = (stats, torch.cat([p.detach().flatten() for p in m.parameters()]))
+    assert out["masked"][0].tokens == sum(s.model_tokens for s in samples)
+    assert out["all"][0].tokens == sum(len(s.completion_tokens) for s in samples)
+    assert torch.equal(out["masked"][1], out["forged"][1])
+    assert out["masked"][0].mismatch == out["forged"][0].mismatch
+    assert not torch.allclose(out["masked"][1], out["all"][1])

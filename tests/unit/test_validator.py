@@ -12,7 +12,8 @@ import torch
 from bench.rollout_files import Maker, issued, make_judge, small_run
 from swarmrl.protocol.rollouts import read_rollouts, write_rollouts
 from swarmrl.protocol.sampler import SamplerState
-from swarmrl.sim.cheats import OtherModel, make_cheat
+from swarmrl.sim.cheats import OtherModel
+from swarmrl.sim.registry import make_cheat
 from swarmrl.validator.checks import Reject, check_with_model, check_without_model
 
 

@@ -37,8 +37,8 @@ def one_token_changed():
     from swarmrl.sim.cheats import Cheat
 
     class OneTokenChanged(Cheat):
-        def complete(self, cfg, backend, plan):
-            out = super().complete(cfg, backend, plan)
+        def complete(self, cfg, backend, plan, tokenizer=None):
+            out = super().complete(cfg, backend, plan, tokenizer)
             c = max(out, key=lambda c: len(c.tokens))
             i = len(c.tokens) // 2
             c.tokens[i] = (c.tokens[i] + 7) % 90 + 3

@@ -51,6 +51,7 @@ def score_env_task(task: Task, completion: str) -> float:
 VERIFIERS: dict[str, Verifier] = {
     "reverse_text": score_reverse_text,
     "addition": score_addition,
+    "multiplication": score_addition,  # the same rule: the last integer, exactly
     "math": score_math_task,
     "code": score_code_task,
     "reasoning_gym": score_gym_task,
@@ -62,7 +63,9 @@ def info_error(task: Task) -> str | None:
     """Why the task's verification_info cannot be graded by its verifier, or None;
     the message names the field (task files are checked with this on load)."""
     info = task.verification_info
-    if task.task_type in ("reverse_text", "addition", "math") and "answer" not in info:
+    if task.task_type in ("reverse_text", "addition", "multiplication", "math") and (
+        "answer" not in info
+    ):
         return "field 'verification_info.answer' is missing"
     if task.task_type == "reasoning_gym":
         missing = {"family", "seed", "size", "item", "options"} - set(info)

@@ -116,8 +116,56 @@ with open("main.py") as f:
     code = compile(f.read(), "main.py", "exec")
 os.unlink("main.py")  # the program cannot read its own text (nor a token in it)
 del sys, os, f
+@PRELUDE@
 exec(code, {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__})
 """
+
+# `deterministic=True`: what a program could read that differs between two runs of the
+# same code, fixed before it starts (with PYTHONHASHSEED=0 for str and bytes hashes, and
+# TZ=UTC): `random`'s seed, os.urandom and os.getrandom, the time module's clocks (they
+# advance 1 ms per read), local time, datetime's now and today; a CPU timer.
+_DETERMINISTIC = r"""
+import os as _os, random as _random, time as _time
+_random.seed(0)
+_bytes = _random.Random(1)
+_os.urandom = lambda n: _bytes.randbytes(n)
+_os.getrandom = lambda n, flags=0: _bytes.randbytes(n)
+_now = [1_700_000_000.0]
+def _tick():
+    _now[0] += 0.001
+    return _now[0]
+_time.time = _tick
+_time.time_ns = lambda: int(_tick() * 1e9)
+_time.monotonic = _time.perf_counter = _time.process_time = lambda: _tick() - 1_700_000_000.0
+_time.monotonic_ns = _time.perf_counter_ns = _time.process_time_ns = (
+    lambda: int((_tick() - 1_700_000_000.0) * 1e9)
+)
+import signal as _signal
+_signal.signal(_signal.SIGPROF, lambda *_: _os._exit(@TIMER_EXIT@))
+_signal.setitimer(_signal.ITIMER_PROF, @CPU_TIMER_S@)
+import datetime as _dt
+class _FixedDatetime(_dt.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return cls.fromtimestamp(_tick(), tz)
+    @classmethod
+    def utcnow(cls):
+        return cls.fromtimestamp(_tick(), _dt.timezone.utc).replace(tzinfo=None)
+    @classmethod
+    def today(cls):
+        return cls.fromtimestamp(_tick())
+class _FixedDate(_dt.date):
+    @classmethod
+    def today(cls):
+        return cls.fromtimestamp(_tick())
+_dt.datetime, _dt.date = _FixedDatetime, _FixedDate
+_ctime, _strftime = _time.ctime, _time.strftime
+_time.localtime = lambda t=None: _time.gmtime(_tick() if t is None else t)
+_time.ctime = lambda t=None: _ctime(_tick() if t is None else t)
+_time.asctime = lambda t=None: _time.strftime("%a %b %d %H:%M:%S %Y", _time.localtime() if t is None else t)
+_time.strftime = lambda f, t=None: _strftime(f, _time.localtime() if t is None else t)
+"""
+TIMER_EXIT = 124  # deterministic mode: the program used its CPU time (`cpu_timer_s`)
 
 
 @dataclass(frozen=True)
@@ -256,12 +304,24 @@ def run_python(
     limits: Limits = Limits(),
     isolation: str = "auto",
     token: str | None = None,
+    deterministic: bool = False,
+    cpu_timer_s: float | None = None,
 ) -> RunResult:
     """Run `code` as a Python program fed `stdin`; what it printed and how it ended.
 
     With `token`, the program's exit status is not trusted: `token_seen` says
     whether the token came back on a separate pipe (the caller's test code
-    writes it there after its last assertion: see `assert_program`)."""
+    writes it there after its last assertion: see `assert_program`).
+
+    `deterministic`: hash seed 0, a seeded `random` and os.urandom, clocks that
+    only count their own reads (`_DETERMINISTIC`), so that two runs of most programs
+    print the same bytes (the Python tool, envs/python_tool.py). Not covered:
+    addresses (`id`, default reprs), /proc, and anything read through C.
+    There a program that has used `cpu_timer_s` of CPU (default: `limits.cpu_s`)
+    exits with status TIMER_EXIT, the same way in either isolation, before
+    RLIMIT_CPU (set it higher) kills it."""
+    if deterministic and token is not None:  # the prelude's functions reach the boot's globals
+        raise ValueError("run_python: a pass token cannot be combined with deterministic mode")
     mode = resolve_isolation(isolation)
     source = code.encode()
     if len(source) > MAX_CODE_BYTES:
@@ -274,8 +334,18 @@ def run_python(
         with open(path, "wb") as f:
             f.write(source)
         os.chmod(path, 0o644)
-        python = [python_for_sandbox(), "-I", "-S", "-c", _BOOT]
         env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp/run", "LANG": "C.UTF-8"}
+        if deterministic:
+            # -I would ignore PYTHONHASHSEED: the same isolation from its parts (no
+            # script directory or user site on the path), in an environment of our own
+            timer = float(cpu_timer_s if cpu_timer_s is not None else limits.cpu_s)
+            prelude = _DETERMINISTIC.replace("@TIMER_EXIT@", str(TIMER_EXIT))
+            boot = _BOOT.replace("@PRELUDE@", prelude.replace("@CPU_TIMER_S@", repr(timer)))
+            python = [python_for_sandbox(), "-P", "-s", "-S", "-c", boot]
+            env["PYTHONHASHSEED"] = "0"
+            env["TZ"] = "UTC"
+        else:
+            python = [python_for_sandbox(), "-I", "-S", "-c", _BOOT.replace("@PRELUDE@", "")]
         if mode == "namespace":
             size_kb = str(limits.tmpfs_mb << 10)
             cmd = [*_unshare_prefix(), "/bin/sh", "-c", _SETUP, "sh", work, "-", size_kb, *python]

@@ -61,7 +61,24 @@ def addition(cfg: TaskConfig, split: str, index: int, seed: int, level: int = 0)
     )
 
 
-GENERATORS = {"reverse_text": reverse_text, "addition": addition}
+def multiplication(cfg: TaskConfig, split: str, index: int, seed: int, level: int = 0) -> Task:
+    """A product of a `digits`-digit and a (`digits` + 1)-digit number (2 and 3 by default
+    with digits = 2: 4- and 5-digit products), beyond what a small model does in its
+    head: the tool demo's task (envs/, issue 26)."""
+    rng = _rng(seed, split, index, "multiplication")
+    d = cfg.digits + level
+    a = rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1)
+    b = rng.randint(10**d, 10 ** (d + 1) - 1)
+    return Task(
+        problem_id=_problem_id("multiplication", split, index, level),
+        prompt=f"What is {a} * {b}?",
+        task_type="multiplication",
+        verification_info={"answer": str(a * b)},
+        metadata={"a": a, "b": b},
+    )
+
+
+GENERATORS = {"reverse_text": reverse_text, "addition": addition, "multiplication": multiplication}
 
 
 def max_level(cfg: TaskConfig, max_new_tokens: int) -> int:
@@ -69,6 +86,8 @@ def max_level(cfg: TaskConfig, max_new_tokens: int) -> int:
     for a character-level model; a guide for the curriculum's default cap."""
     if cfg.name == "reverse_text":
         longest = cfg.max_len
+    elif cfg.name == "multiplication":
+        longest = 2 * cfg.digits + 1
     else:
         longest = cfg.digits + 1
     return max(0, max_new_tokens - 1 - longest)
@@ -83,6 +102,9 @@ def describe_level(cfg: TaskConfig, level: int) -> str:
     """What a generated task's problems are at `level`, in words ("2-digit sums")."""
     if cfg.name == "addition":
         return f"{cfg.digits + level}-digit sums"
+    if cfg.name == "multiplication":
+        d = cfg.digits + level
+        return f"products of {d}- and {d + 1}-digit numbers"
     if cfg.name == "reverse_text":
         return f"reversals of {cfg.min_len + level}-{cfg.max_len + level} characters"
     return f"{cfg.name} problems at level {level}"

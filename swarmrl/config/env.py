@@ -1,0 +1,65 @@
+"""[env]: the environment of multi-turn trajectories (tools the model may call).
+
+Imports nothing heavy, as swarmrl/config/run.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from swarmrl.config.base import Section
+
+
+class EnvConfig(Section):
+    """[env]: what answers the model between its spans (swarmrl/envs/environment.py).
+    Workers generate with it and validators replay it with the same settings, so a
+    tool's limits here are the limits on both."""
+
+    kind: Literal["none", "tools"] = Field(
+        "none",
+        description="'none': one model span per completion; 'tools': the model may call "
+        "the tools below, and each call's result is inserted before its next span.",
+    )
+    tools: list[Literal["calc", "python"]] = Field(
+        default_factory=lambda: ["calc"],
+        max_length=8,
+        description="The tools offered: 'calc' (arithmetic) and 'python' (a program run in "
+        "the code sandbox; the tag form only).",
+    )
+    syntax: Literal["tag", "equals"] = Field(
+        "tag",
+        description="How a call is written: 'tag' is <calc>EXPR</calc>, answered "
+        "<result>VALUE</result> (and <python>CODE</python> the same way); 'equals' is an "
+        "arithmetic expression ending in '=', answered by its value (envs/tools.py).",
+    )
+    max_turns: int = Field(
+        4, ge=1, le=64, description="Model spans per trajectory (the last one gets no answer)."
+    )
+    max_expr_chars: int = Field(
+        400, ge=1, le=100_000, description="Calculator: the longest expression it reads."
+    )
+    max_digits: int = Field(
+        200, ge=1, le=100_000, description="Calculator: the most digits of an integer."
+    )
+    max_exponent: int = Field(
+        256, ge=1, le=100_000, description="Calculator: the largest exponent of a power."
+    )
+    python_cpu_s: int = Field(
+        2, ge=1, le=60, description="Python tool: CPU seconds a program may use."
+    )
+    python_memory_mb: int = Field(
+        256, ge=64, le=16_384, description="Python tool: a program's address space, in MiB."
+    )
+    python_isolation: Literal["auto", "namespace", "process"] = Field(
+        "namespace",
+        description="Python tool: the code sandbox's isolation (tasks/graders/sandbox.py), "
+        "'namespace' or 'process', the same on every node (a program sees its PID, user "
+        "and paths); 'auto' is refused when the tool is offered.",
+    )
+
+    @property
+    def turn_limit(self) -> int:
+        """Model spans a rollout row may hold: 1 without an environment."""
+        return self.max_turns if self.kind != "none" else 1

@@ -1,0 +1,176 @@
+"""The environment of a trajectory: what it inserts between the model's spans.
+
+A trajectory alternates the model's spans and the environment's: the model
+writes until it ends its span (end of sequence, or a tool call at the end of
+its text: envs/tools.py), the environment answers (`respond`), the model goes
+on from there, until the model ends without a call or the turn limit is
+reached. The environment must be a pure function of the task and the model's
+spans so far: a validator recomputes every environment span from the model's
+spans and rejects a trajectory in which one differs (`replay`).
+
+`check_deterministic` runs an environment twice on the same probes and
+refuses it, naming the probe, when the two answers differ: a run starts only
+with an environment a validator can recompute. The Python tool is
+deterministic for most programs, not all (envs/python_tool.py): where a
+validator's own answer cannot settle a difference, `doubt` says why, and the
+file is refused without blame (check `unverifiable`).
+
+`from_config` builds the run's environment from `[env]`: workers generate with
+it and validators replay with it, with the same tools, call form and limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swarmrl.envs.python_tool import TIME_LIMIT, PythonLimits
+from swarmrl.envs.tools import (
+    SYNTAXES,
+    TOOLS,
+    CalcLimits,
+    answer_text,
+    call_at_end,
+    run_tool,
+)
+from swarmrl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Step:
+    """One exchange: the model's span (text) and what the environment answered
+    (None: the trajectory ended with this span)."""
+
+    model: str
+    env: str | None
+
+
+class ToolEnvironment:
+    """Answers the tool call that ends a model span; ends the trajectory on a span
+    without one, or when `max_turns` model spans have been written."""
+
+    def __init__(
+        self,
+        tools: tuple[str, ...] = TOOLS,
+        max_turns: int = 4,
+        syntax: str = "tag",
+        limits: CalcLimits | None = None,
+        python: PythonLimits | None = None,
+    ):
+        unknown = [t for t in tools if t not in TOOLS]
+        if unknown:
+            raise ConfigError(f"unknown tools {unknown}; the tools built are {list(TOOLS)}")
+        if max_turns < 1:
+            raise ConfigError("max_turns must be at least 1")
+        if syntax not in SYNTAXES:
+            raise ConfigError(f"unknown call syntax {syntax!r}; one of {list(SYNTAXES)}")
+        if "python" in tools and (python or PythonLimits()).isolation == "auto":
+            raise ConfigError(
+                "the python tool needs one sandbox isolation on every node: set "
+                "env.python_isolation to 'namespace' (where unshare works) or 'process' "
+                "(a program sees its PID, user and paths, which differ between the two)"
+            )
+        if syntax == "equals" and "python" in tools:
+            raise ConfigError(
+                "the python tool is called with the tag form (<python>...</python>): "
+                "set env.syntax = 'tag', or offer only calc"
+            )
+        self.tools = tuple(tools)
+        self.max_turns = max_turns
+        self.syntax = syntax
+        self.limits = limits or CalcLimits()
+        self.python = python or PythonLimits()
+
+    def ends(self, model_span: str) -> bool:
+        """Whether the model's span so far ends here (a tool call closes it)."""
+        return call_at_end(model_span, self.syntax) is not None
+
+    def respond(self, model_span: str, turn: int) -> str | None:
+        """The environment's span after model span number `turn` (0-based), or None
+        when the trajectory ends there."""
+        call = call_at_end(model_span, self.syntax)
+        if call is None or turn + 1 >= self.max_turns:
+            return None
+        if call.tool not in self.tools:
+            return answer_text(f"error: the tool {call.tool!r} is not offered here", self.syntax)
+        return answer_text(run_tool(call, self.limits, self.python), self.syntax)
+
+    def doubt(self, model_span: str, turn: int, answer: str, claimed: str) -> str | None:
+        """Why the file's environment span `claimed` may differ from this environment's
+        `answer` through no fault of the worker (None: the difference is the worker's).
+        Only a Python program can: one that ran into the time limit on either side
+        (machines differ in speed), or one whose output differs between two runs here."""
+        call = call_at_end(model_span, self.syntax)
+        if call is None or call.tool != "python" or call.tool not in self.tools:
+            return None
+        limit = answer_text(TIME_LIMIT, self.syntax)
+        if answer == limit or claimed == limit:  # exactly: a forged answer may quote it
+            return "the program ran into the time limit (on the worker or here)"
+        if self.respond(model_span, turn) != answer:
+            return "the program's output differs between two runs (it reads what the sandbox does not fix)"
+        return None
+
+    def replay(self, steps: list[Step]) -> str | None:
+        """Recompute every environment span of a trajectory from its model spans:
+        None when each matches, else why the first one does not."""
+        for turn, step in enumerate(steps):
+            want = self.respond(step.model, turn)
+            last = turn == len(steps) - 1
+            if want is None and not last:
+                return f"turn {turn}: the environment ends the trajectory here, the file goes on"
+            if want is not None and last:
+                return f"turn {turn}: the trajectory stops where the environment answers"
+            if step.env != want:
+                return f"turn {turn}: the environment span differs from the environment's"
+        return None
+
+
+def from_config(env_cfg) -> ToolEnvironment | None:
+    """The run's environment (`[env]`), checked for determinism; None: single turn."""
+    if env_cfg.kind == "none":
+        return None
+    env = ToolEnvironment(
+        tuple(env_cfg.tools),
+        env_cfg.max_turns,
+        env_cfg.syntax,
+        CalcLimits(env_cfg.max_expr_chars, env_cfg.max_digits, env_cfg.max_exponent),
+        PythonLimits(env_cfg.python_cpu_s, env_cfg.python_memory_mb, env_cfg.python_isolation),
+    )
+    check_deterministic(env)
+    return env
+
+
+_BUILT: dict = {}
+
+
+def environment_of(cfg) -> ToolEnvironment | None:
+    """`from_config(cfg.env)`, built and checked once per distinct `[env]`."""
+    key = cfg.env.model_dump_json()
+    if key not in _BUILT:
+        _BUILT[key] = from_config(cfg.env)
+    return _BUILT[key]
+
+
+# inputs every tool environment is probed with before a run (the answers must repeat)
+PROBES = (
+    "<calc>4821 * 377</calc>",
+    "<calc>(12 + 7) / 3</calc>",
+    "<calc>2 ** 300</calc>",
+    "<calc>1 / 0</calc>",
+    "<calc>__import__('os')</calc>",
+    "<python>import random, time\nprint(set('abcdefgh'), random.random(), time.time())</python>",
+    "<python>print(1 / 0)</python>",
+    "The answer is 42.",
+    "47 * 382 =",
+    "(12 + 7) / 0 =",
+)
+
+
+def check_deterministic(env, probes: tuple[str, ...] = PROBES, runs: int = 2) -> None:
+    """Refuse an environment whose answers to the same spans differ between runs."""
+    for probe in probes:
+        answers = {env.respond(probe, 0) for _ in range(runs)}
+        if len(answers) > 1:
+            raise ConfigError(
+                f"the environment is not deterministic: {probe!r} was answered "
+                f"{sorted(map(repr, answers))}; a validator could not recompute its spans"
+            )

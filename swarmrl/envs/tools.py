@@ -1,0 +1,166 @@
+"""The tools a model may call in a trajectory, and the text forms of a call.
+
+Two forms (`env.syntax`), both plain text that any model can write, chat
+template or not (a template's own tool-call syntax is not mapped yet):
+
+- `tag`: the model ends a span with `<calc>48 * (17 + 3)</calc>` or
+  `<python>print(sum(range(10)))</python>`; the environment answers
+  `<result>...</result>` and a newline.
+- `equals`: the model ends a span with an arithmetic expression and `=`, as a
+  person's calculator finishes "47 * 382 ="; the environment writes the value
+  after it (" 17954") and the model goes on. SmolLM2-135M-Instruct writes this
+  form by itself and almost never the tag (docs/multi-turn.md). Calculator only.
+
+The span ends at the call (`call_at_end`), and the model's next span follows the
+answer (`answer_text`).
+
+Every tool answers the same bytes to the same input under the same limits, so a
+validator that runs it again gets what the worker got: the validator rejects a
+trajectory whose tool output differs from its own run (envs/environment.py).
+
+- `calculator`: arithmetic on integers and decimals (+ - * / // % ** and
+  parentheses), evaluated by walking Python's own expression tree with bounds
+  on sizes, never by `eval`. Integers are exact; a division's result is shown
+  with 12 significant digits. Anything else is an error result, not an
+  exception.
+- `python`: a program run in the code sandbox's deterministic mode; the answer
+  is what it printed (envs/python_tool.py, which says what it cannot make the
+  same on two machines and how a validator treats that).
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from dataclasses import dataclass
+
+from swarmrl.envs.python_tool import PythonLimits, run_program
+
+RESULT_CHARS = 400  # a tool's output is cut to this many characters
+
+CALL = re.compile(r"<(calc|python)>(.*?)</\1>\s*\Z", re.DOTALL)
+# digits, spaces and parentheses around at least one operator, then "=" at the end
+EQUALS = re.compile(r"(\d[\d ()]*(?:[-+*/×x][\d ()]+)+)=\s*\Z")
+TOOLS = ("calc", "python")
+SYNTAXES = ("tag", "equals")
+
+
+@dataclass(frozen=True)
+class CalcLimits:
+    """The calculator's bounds: the same on every worker and validator (a tool run with
+    looser limits answers differently, and its trajectory is rejected)."""
+
+    max_expr_chars: int = 400
+    max_digits: int = 200  # an integer operand or result longer than this is an error
+    max_exponent: int = 256
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    tool: str  # "calc"
+    argument: str
+
+
+def call_at_end(text: str, syntax: str = "tag") -> ToolCall | None:
+    """The tool call that ends `text` (the model's span so far), if one does."""
+    if syntax == "equals":
+        m = EQUALS.search(text)
+        return None if m is None else ToolCall("calc", m.group(1).replace("x", "*"))
+    m = CALL.search(text)
+    if m is None:
+        return None
+    return ToolCall(m.group(1), m.group(2))
+
+
+def result_text(output: str) -> str:
+    """How a tool's output is written back into the trajectory (the tag form)."""
+    return f"<result>{output[:RESULT_CHARS]}</result>\n"
+
+
+def answer_text(output: str, syntax: str = "tag") -> str:
+    """The environment's span for a tool's output, in the call's form."""
+    return f" {output[:RESULT_CHARS]}" if syntax == "equals" else result_text(output)
+
+
+class CalcError(ValueError):
+    pass
+
+
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+
+
+def calculator(expression: str, limits: CalcLimits = CalcLimits()) -> str:
+    """The value of an arithmetic expression, or `error: <why>`."""
+    if len(expression) > limits.max_expr_chars:
+        return f"error: expression over {limits.max_expr_chars} characters"
+    text = expression.strip().replace("×", "*").replace("^", "**")
+    if not text.isascii():
+        return "error: only ASCII arithmetic"
+    try:
+        tree = ast.parse(text, mode="eval")
+        return _show(_value(tree.body, limits))
+    except SyntaxError:
+        return "error: not an arithmetic expression"
+    except ZeroDivisionError:
+        return "error: division by zero"
+    except CalcError as e:
+        return f"error: {e}"
+
+
+def _value(node: ast.AST, lim: CalcLimits) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return _bounded(node.value, lim)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        v = _value(node.operand, lim)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _value(node.left, lim), _value(node.right, lim)
+        if isinstance(node.op, ast.Pow):
+            if abs(right) > lim.max_exponent or (
+                abs(left) > 1 and abs(right) * _digits(left) > lim.max_digits
+            ):
+                raise CalcError("power too large")
+        return _bounded(_BINARY[type(node.op)](left, right), lim)
+    raise CalcError("only numbers, + - * / // % ** and parentheses")
+
+
+def _digits(v: int | float) -> int:
+    return len(str(int(abs(v))))
+
+
+def _bounded(v: int | float, lim: CalcLimits) -> int | float:
+    if isinstance(v, complex):
+        raise CalcError("a complex result")
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        raise CalcError("the result is not a finite number")
+    if isinstance(v, int) and _digits(v) > lim.max_digits:
+        raise CalcError(f"a number over {lim.max_digits} digits")
+    return v
+
+
+def _show(v: int | float) -> str:
+    if isinstance(v, int):
+        return str(v)
+    if v == int(v) and abs(v) < 1e15:
+        return str(int(v))
+    return f"{v:.12g}"
+
+
+def run_tool(
+    call: ToolCall, limits: CalcLimits = CalcLimits(), python: PythonLimits | None = None
+) -> str:
+    """The output of one call."""
+    if call.tool == "calc":
+        return calculator(call.argument, limits)
+    if call.tool == "python":
+        return run_program(call.argument, python or PythonLimits())
+    return f"error: no tool named {call.tool!r}"

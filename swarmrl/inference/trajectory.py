@@ -1,0 +1,228 @@
+"""Multi-turn trajectories with the transformers engine (issue 26, second part).
+
+A trajectory is one completion made of spans: the model writes until its span ends
+(end of sequence, or a tool call at the end of its text: `env.ends`), the
+environment answers (`env.respond`), and the model goes on from there. Each model
+turn is the single-turn loop (`decode`) over the prompt plus every span before it,
+with three rules that make the whole trajectory checkable by the single-turn
+validator's one prefill:
+
+- **Seeds by position.** A model token's Gumbel noise is keyed by its position in
+  the whole completion (environment tokens included), so the validator's
+  sampling check runs at the model's positions as it does for one span.
+- **Proofs over every position.** The TOPLOC proof covers every completion
+  position, environment tokens included: the final-norm state that predicts an
+  environment token, or the first token of the next model span, is the one the
+  next turn's prefill computes at the last positions of its prompt. The
+  validator's prefill over prompt + completion[:-1] has the same states.
+- **One length budget.** Model and environment tokens share `max_new_tokens`. A
+  trajectory ends at end of sequence, at the budget, when the environment ends it
+  (no call, or the turn limit), or when the environment's answer would not fit
+  with room for one more token.
+
+`replay` is the validator's side of the same rules: from a file's tokens and
+mask it recomputes where each model span had to end and what the environment
+had to answer, and names the first place that differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swarmrl.inference.generation import decode
+from swarmrl.inference.hf import final_norm
+from swarmrl.protocol.rollouts import spans as mask_spans
+from swarmrl.toploc.proof import build_proofs_many
+from swarmrl.toploc.sampling import gumbel_sample
+
+
+@dataclass
+class Trajectory:
+    tokens: list[int]  # every completion token: the model's spans and the environment's
+    logprobs: list[float]  # the model's log-probs; 0.0 at the environment's tokens
+    mask: list[int]  # 1: the model wrote the token; 0: the environment did
+    finished: bool  # the last model span ended on end of sequence
+    proofs: bytes = b""  # TOPLOC proofs of every completion position
+
+    def spans(self) -> list[tuple[int, int, int]]:
+        """(mask value, start, end) of each run of model or environment tokens."""
+        return [(int(model), a, b) for a, b, model in mask_spans(self.mask)]
+
+
+class _TurnStates:
+    """The final norm's output: every position of a turn's first forward (the prompt),
+    then the last position of each forward after it."""
+
+    def __init__(self, model):
+        self.states = []
+        self.handle = final_norm(model).register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output):
+        import torch
+
+        out = output[0] if isinstance(output, tuple) else output
+        self.states.append((out if not self.states else out[:, -1]).to(torch.bfloat16))
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+def generate_trajectories(
+    backend, tokenizer, env, prompts: list[list[int]], seeds: list[int],
+    max_new_tokens: int, temperature: float, top_p: float, proofs: bool = True,
+    greedy: bool = False,
+) -> list[Trajectory]:  # fmt: skip
+    """One trajectory per prompt, with `backend` (HFBackend) and the environment `env`
+    (`ends(span_text) -> bool`, `respond(span_text, turn) -> str | None`). `greedy`:
+    the argmax token at every step (held-out evaluation; seeds and temperature unused)."""
+    import torch
+
+    from swarmrl.inference.generation import greedy as argmax
+
+    n = len(prompts)
+    comp: list[list[int]] = [[] for _ in range(n)]
+    logps: list[list[float]] = [[] for _ in range(n)]
+    mask: list[list[int]] = [[] for _ in range(n)]
+    hidden: list[list] = [[] for _ in range(n)]
+    pending = [0] * n  # tokens of the environment span the next turn's prefill ends with
+    finished = [False] * n
+    turn = [0] * n
+    active = list(range(n))
+    while active:
+        rows = active
+        offsets = torch.tensor([len(comp[i]) for i in rows], dtype=torch.int64)
+        seed_t = torch.tensor([seeds[i] for i in rows], dtype=torch.int64)
+        room = [max_new_tokens - len(comp[i]) for i in rows]
+
+        def choose(logits, t: int, offsets=offsets, seed_t=seed_t):
+            if greedy:
+                return argmax(logits, t)
+            at = (offsets + t).to(logits.device)
+            return gumbel_sample(logits, seed_t.to(logits.device), at, temperature, top_p)
+
+        def ends(r: int, tokens: list[int], room=room) -> bool:
+            if len(tokens) >= room[r]:
+                return True  # this row's share of the budget
+            return env.ends(tokenizer.decode(tokens, skip_special_tokens=True))
+
+        states = _TurnStates(backend.model) if proofs else None
+        try:
+            out = decode(backend.model, [prompts[i] + comp[i] for i in rows], max(room),
+                         choose, [backend.eos_id], backend.pad_id, ends)  # fmt: skip
+        finally:
+            if states is not None:
+                states.close()
+        active = []
+        for r, i in enumerate(rows):
+            c = out[r]
+            k = len(c.tokens)
+            if states is not None:
+                first = states.states[0][r]
+                steps = [first[-1]] + [states.states[t][r] for t in range(1, k)]
+                if pending[i]:
+                    hidden[i].append(first[-(pending[i] + 1) : -1])
+                hidden[i].append(torch.stack(steps))
+            comp[i] += c.tokens
+            logps[i] += c.logprobs
+            mask[i] += [1] * k
+            pending[i] = 0
+            if c.finished or len(comp[i]) >= max_new_tokens:
+                finished[i] = c.finished
+                continue
+            answer = env.respond(tokenizer.decode(c.tokens, skip_special_tokens=True), turn[i])
+            if answer is None:
+                continue
+            ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+            if len(comp[i]) + len(ids) >= max_new_tokens:
+                continue  # no room for the answer and one more token: the trajectory ends
+            comp[i] += ids
+            logps[i] += [0.0] * len(ids)
+            mask[i] += [0] * len(ids)
+            pending[i] = len(ids)
+            turn[i] += 1
+            active.append(i)
+    out = [Trajectory(comp[i], logps[i], mask[i], finished[i]) for i in range(n)]
+    if proofs:
+        for t, pb in zip(out, build_proofs_many([torch.cat(h) for h in hidden]), strict=True):
+            t.proofs = pb
+    return out
+
+
+def replay(
+    env, tokenizer, tokens: list[int], mask: list[int], eos_id: int, max_new_tokens: int
+) -> tuple[str, str] | None:
+    """The generation rules above, checked on a trajectory from a file: None when it is
+    one `generate_trajectories` could have made, else (the check that fails, why).
+
+    - termination: a model span ends at the first token where the environment
+      says a call ends it, or on end of sequence (the trajectory's last token),
+      or at the length limit; a span that goes on past a call, or stops short of
+      one, fails here;
+    - environment: each environment span is exactly the tokens of what the
+      environment answers the model span before it (a forged tool result, turns
+      dropped or reordered, a tool run with other limits), and the trajectory
+      ends only where the environment ends it or the budget does;
+    - unverifiable: an environment span differs where the environment itself
+      cannot vouch for its answer (`doubt`: a Python program at its time limit,
+      or one whose output changes between runs): reported only when nothing
+      else in the trajectory fails (the rest is replayed too), and the
+      validator raises it only after its other checks: the file is refused, no
+      one is blamed.
+
+    The reader (protocol/rollouts.py) has already checked that the mask starts
+    and ends with the model's tokens."""
+
+    def text(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    parts = mask_spans(mask)
+    turn = 0
+    pending = None  # the first turn the environment cannot settle: reported if nothing fails
+    for k, (a, b, model) in enumerate(parts):
+        if not model:
+            continue
+        span = tokens[a:b]
+        last = k == len(parts) - 1
+        if eos_id in span[:-1] or (not last and span[-1] == eos_id):
+            return "termination", f"turn {turn}: the trajectory goes on after end of sequence"
+        for i in range(1, len(span)):
+            if env.ends(text(span[:i])):
+                return "termination", (
+                    f"turn {turn}: the model's span goes on after a tool call that ends it "
+                    f"(completion token {a + i - 1})"
+                )
+        called = env.ends(text(span))
+        if last:
+            if span[-1] == eos_id or b >= max_new_tokens:
+                return pending
+            if not called:
+                return "termination", (
+                    f"turn {turn}: the trajectory ends neither on end of sequence, nor at the "
+                    "length limit, nor at a tool call"
+                )
+            answer = env.respond(text(span), turn)
+            if answer is None:
+                return pending  # the turn limit
+            room = b + len(tokenizer(answer, add_special_tokens=False)["input_ids"])
+            if room >= max_new_tokens:
+                return pending  # the answer would not fit with one more token
+            return "environment", f"turn {turn}: the trajectory stops where the environment answers"
+        if not called:
+            return "termination", f"turn {turn}: a model span ends with no tool call to end it"
+        answer = env.respond(text(span), turn)
+        if answer is None:
+            return "environment", (
+                f"turn {turn}: the environment ends the trajectory here, and the file goes on"
+            )
+        ea, eb, _ = parts[k + 1]
+        if tokens[ea:eb] != tokenizer(answer, add_special_tokens=False)["input_ids"]:
+            doubt = getattr(env, "doubt", None)
+            why = doubt and doubt(text(span), turn, answer, text(tokens[ea:eb]))
+            if not why:
+                return "environment", (
+                    f"turn {turn}: the environment's span (completion tokens {ea}..{eb - 1}) is "
+                    "not what the environment answers"
+                )
+            pending = pending or ("unverifiable", f"turn {turn}: {why}")
+        turn += 1
+    return pending
