@@ -41,6 +41,21 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def leave_distributed(clean: bool = True) -> None:
+    """Leave the process group. After a `clean` finish every rank first meets the
+    others at a barrier, so that no rank tears its group down (rank 0 also hosts the
+    rendezvous store) while another still talks to it: a rank of the two-rank test
+    once died at exit with "terminate called without an active exception". After an
+    error there is no barrier, since the other ranks may never come."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if clean:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def decoder_layers(model) -> list[torch.nn.Module]:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)

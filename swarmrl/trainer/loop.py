@@ -55,7 +55,7 @@ from swarmrl.trainer.advantages import scale_advantages
 from swarmrl.trainer.batch import BatchCollector, OrchestratorQueue, Sample
 from swarmrl.trainer.correction import mismatch_by_node, mismatch_metrics
 from swarmrl.trainer.diloco import PolicySync, sync_row
-from swarmrl.trainer.fsdp import init_distributed
+from swarmrl.trainer.fsdp import init_distributed, leave_distributed
 from swarmrl.trainer.losses import advantage_scale
 from swarmrl.trainer.ranks import Policy, follow, optimizer_dir
 from swarmrl.trainer.share import share_row
@@ -165,14 +165,16 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
     log.info("trainer rank %d of %d computes on %s", rank, world, describe(device))
+    clean = False
     try:
         if rank > 0:
             follow(cfg, rank, world, device)
         else:
             _rank0(cfg, resume, Policy(cfg, 0, world, device))
+        clean = True
     finally:
         if world > 1:
-            torch.distributed.destroy_process_group()
+            leave_distributed(clean)
 
 
 def _rank0(cfg: RunConfig, resume: bool, policy: Policy) -> None:

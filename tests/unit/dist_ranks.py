@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.diloco import CountingLink  # noqa: E402
 from swarmrl.diloco.allreduce import allreduce_fp32, allreduce_int8  # noqa: E402
+from swarmrl.trainer.fsdp import leave_distributed  # noqa: E402
 
 SIZES = [1, 7, 255, 257, 4099, 70001]
 
@@ -45,7 +46,7 @@ def main() -> None:
             exact = allreduce_fp32(group, x, divisor=w)
             results[(w, n)] = {"x": x, "q": q, "exact": exact, "sent": counting.log}
     torch.save(results, f"{out}/rank{rank}.pt")
-    dist.destroy_process_group()
+    leave_distributed()
 
 
 if __name__ == "__main__":

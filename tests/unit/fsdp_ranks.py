@@ -10,6 +10,7 @@ gathered weights (rank 0).
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from swarmrl.device import resolve_device  # noqa: E402
 from swarmrl.trainer.fsdp import (  # noqa: E402
     full_state_dict,
     init_distributed,
+    leave_distributed,
     save_checkpoint,
     shard,
 )
@@ -30,6 +32,7 @@ from tests.unit.fsdp_case import case  # noqa: E402
 
 
 def main() -> None:
+    faulthandler.enable()  # a rank that aborts shows every thread's stack
     torch.set_num_threads(1)
     device = resolve_device("cpu", "trainer.device")
     rank, world = init_distributed(device)
@@ -48,7 +51,7 @@ def main() -> None:
         if len(sys.argv) > 3:
             out["after_second"] = after
         torch.save(out, sys.argv[1])
-    torch.distributed.destroy_process_group()
+    leave_distributed()
 
 
 if __name__ == "__main__":

@@ -36,9 +36,13 @@ def _two_ranks(out: Path, forward: str, *extra: str) -> dict:
         )  # fmt: skip
         for r in range(2)
     ]
-    for p in procs:
-        _, err = p.communicate(timeout=180)
-        assert p.returncode == 0, err[-3000:]
+    errs = [p.communicate(timeout=180)[1] for p in procs]
+    if any(p.returncode for p in procs):  # both ranks' stderr: either may be the cause
+        shown = [
+            f"--- rank {r} (exit {p.returncode}):\n{err[-2500:]}"
+            for r, (p, err) in enumerate(zip(procs, errs, strict=True))
+        ]
+        raise AssertionError("\n".join(shown))
     return torch.load(out)
 
 
