@@ -349,6 +349,7 @@ def launch(
     cheats: list[str] | None = None,
 ) -> int:
     from swarmrl.envs.environment import environment_of
+    from swarmrl.launch.disk import check_disk
     from swarmrl.models.loading import resolve_model_path
 
     resolve_model_path(cfg.model.path)  # fail before starting anything
@@ -357,8 +358,10 @@ def launch(
     if cheat_kinds and not cfg.validator.enabled:
         raise LaunchError("--cheaters needs validator.enabled: nothing would stop them")
     run = prepare_run_dir(cfg, resume, fresh)
-    heldout.before(cfg, run)
     swarm = plan_swarm(cfg, config_path, overrides, resume, cheat_kinds)
+    workers = len(swarm.workers) + len(swarm.cheaters)
+    check_disk(cfg, len(swarm.relays), len(swarm.validators), workers)  # before anything
+    heldout.before(cfg, run)
     code = 1
     try:
         with Supervisor(swarm.procs) as supervisor:

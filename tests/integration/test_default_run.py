@@ -7,20 +7,19 @@ the whole requirement, +25 points in the full run, is a slow test."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from swarmrl.config import load_config
+from swarmrl.launch.disk import disk_need, model_elements
 from tests.integration.conftest import ROOT, read_metrics
 from tests.integration.test_swarm import assert_weights_came_through_the_relay
 
 
 def _run(tmp_path, *overrides: str, timeout: int = 900):
-    # Every process of the local swarm keeps its own copy of each version (655 MB in float32)
-    free = shutil.disk_usage(tmp_path).free / 2**30
-    assert free >= 12, f"the SmolLM2 run needs about 10 GiB under {tmp_path}; {free:.1f} GiB free"
+    # the launcher refuses to start without room for the swarm (launch/disk.py)
     cmd = [
         sys.executable, "-m", "swarmrl", "rl", "--config", str(ROOT / "configs" / "default.toml"),
         f"runs_dir={json.dumps(str(tmp_path / 'runs'))}", *overrides,
@@ -33,6 +32,13 @@ def _run(tmp_path, *overrides: str, timeout: int = 900):
 
 def test_a_short_default_run_raises_held_out_accuracy(tmp_path):
     res, run, ev = _run(tmp_path, "trainer.steps=2", "launcher.eval_problems=64")
+    # the launcher's estimate of the room a swarm needs (launch/disk.py) against what
+    # this one left on disk: measured 11.13 GiB left, 11.52 estimated (13.83 with headroom)
+    cfg = load_config(ROOT / "configs" / "default.toml", [])
+    need = disk_need(cfg, model_elements(cfg.model.path), relays=1, validators=1, workers=1)
+    used = sum(f.stat().st_size for f in run.rglob("*") if f.is_file())
+    raw = need.version_bytes * need.versions + need.state_bytes
+    assert 0.8 * raw <= used <= need.total, (used, raw, need)
     start, final = ev["start_model"]["accuracy"], ev["final_model"]["accuracy"]
     # Measured here: start 0.0625 (4 of 64), 0.484 after two steps
     assert final >= start + 0.1, (start, final)
