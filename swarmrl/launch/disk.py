@@ -79,11 +79,14 @@ def check_disk(cfg: RunConfig, relays: int, validators: int, workers: int) -> Di
     where = Path(cfg.run_dir)
     while not where.exists():
         where = where.parent
-    free = shutil.disk_usage(where).free
+    # a resumed run's own files are part of what it needs, not taken from the room
+    ours = sum(f.stat().st_size for f in Path(cfg.run_dir).rglob("*") if f.is_file())
+    free = shutil.disk_usage(where).free + ours
     if free < need.total:
         gb = 1 << 30
         raise LaunchError(
-            f"not enough disk for this swarm under {where}: {free / gb:.1f} GiB free, about "
+            f"not enough disk for this swarm under {where}: {free / gb:.1f} GiB free (this run's "
+            f"files included), about "
             f"{need.total / gb:.1f} GiB needed ({need.versions} copies of a "
             f"{need.version_bytes / gb:.2f} GiB policy version across the trainer, "
             f"{relays} relays, {validators} validators and {workers} workers, and "

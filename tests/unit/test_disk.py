@@ -32,7 +32,16 @@ def test_a_swarm_without_room_is_refused_with_the_figures(tmp_path, monkeypatch)
     monkeypatch.setattr(disk, "model_elements", lambda path: 500_000_000)
     need = disk.disk_need(cfg, 500_000_000, 1, 1, 2)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 0, need.total - 1))
-    with pytest.raises(LaunchError, match=r"not enough disk .* GiB free, about .* GiB needed"):
+    with pytest.raises(LaunchError, match=r"not enough disk .* GiB free .* about .* GiB needed"):
         disk.check_disk(cfg, 1, 1, 2)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 0, need.total))
     assert disk.check_disk(cfg, 1, 1, 2) == need
+    # resuming: the run's own files count as room, since the run needs them anyway
+    run = tmp_path / "not" / "yet" / cfg.name
+    run.mkdir(parents=True)
+    (run / "state.bin").write_bytes(b"x" * 1000)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 0, need.total - 1000))
+    assert disk.check_disk(cfg, 1, 1, 2) == need
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 0, need.total - 1001))
+    with pytest.raises(LaunchError, match="this run's files included"):
+        disk.check_disk(cfg, 1, 1, 2)
