@@ -21,8 +21,6 @@ it and validators replay with it, with the same tools, call form and limits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from swarmrl.envs.python_tool import TIME_LIMIT, PythonLimits
 from swarmrl.envs.tools import (
     SYNTAXES,
@@ -33,15 +31,6 @@ from swarmrl.envs.tools import (
     run_tool,
 )
 from swarmrl.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Step:
-    """One exchange: the model's span (text) and what the environment answered
-    (None: the trajectory ended with this span)."""
-
-    model: str
-    env: str | None
 
 
 class ToolEnvironment:
@@ -107,20 +96,6 @@ class ToolEnvironment:
             return "the program ran into the time limit (on the worker or here)"
         if self.respond(model_span, turn) != answer:
             return "the program's output differs between two runs (it reads what the sandbox does not fix)"
-        return None
-
-    def replay(self, steps: list[Step]) -> str | None:
-        """Recompute every environment span of a trajectory from its model spans:
-        None when each matches, else why the first one does not."""
-        for turn, step in enumerate(steps):
-            want = self.respond(step.model, turn)
-            last = turn == len(steps) - 1
-            if want is None and not last:
-                return f"turn {turn}: the environment ends the trajectory here, the file goes on"
-            if want is not None and last:
-                return f"turn {turn}: the trajectory stops where the environment answers"
-            if step.env != want:
-                return f"turn {turn}: the environment span differs from the environment's"
         return None
 
 

@@ -1,6 +1,6 @@
 """The tool environment (issue 26, first part): the calculator's answers and refusals,
-the text form of a call, replaying a trajectory's environment spans, and the refusal
-of an environment that does not answer the same way twice."""
+the text form of a call, and the refusal of an environment that does not answer the
+same way twice (the replay of a trajectory is tested in test_multiturn.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from swarmrl.config import TaskConfig
-from swarmrl.envs.environment import Step, ToolEnvironment, check_deterministic
+from swarmrl.envs.environment import ToolEnvironment, check_deterministic
 from swarmrl.envs.tools import ToolCall, calculator, call_at_end
 from swarmrl.errors import ConfigError
 from swarmrl.tasks.graders.registry import verify
@@ -58,18 +58,6 @@ def test_the_environment_answers_calls_and_ends_on_an_answer_or_the_turn_limit()
     assert env.respond("<calc>1 + 1</calc>", 2) is None  # the third span is the last
     with pytest.raises(ConfigError, match="unknown tools"):
         ToolEnvironment(tools=("shell",))
-
-
-def test_replay_finds_a_forged_result_and_a_dropped_or_extra_turn():
-    env = ToolEnvironment(max_turns=4)
-    honest = [Step("<calc>48 * 21</calc>", "<result>1008</result>\n"), Step("1008", None)]
-    assert env.replay(honest) is None
-    forged = [Step("<calc>48 * 21</calc>", "<result>1000</result>\n"), Step("1000", None)]
-    assert "differs" in env.replay(forged)
-    cut = [Step("<calc>48 * 21</calc>", None)]  # stops where the environment answers
-    assert "stops where" in env.replay(cut)
-    goes_on = [Step("1008", "<result>1</result>\n"), Step("1", None)]
-    assert "ends the trajectory here" in env.replay(goes_on)
 
 
 def test_an_environment_that_answers_differently_is_refused_at_start():
