@@ -310,7 +310,8 @@ class OrchestratorConfig(Section):
         ge=0,
         le=100_000,
         description="Rollout files stay in the object store this many versions after the "
-        "trainer used them (the rollout viewer reads them), then are deleted.",
+        "trainer used them (the rollout viewer reads them), then are deleted; rejected "
+        "files as many versions after the policy they were generated with.",
     )
 
     @field_validator("trusted_workers")

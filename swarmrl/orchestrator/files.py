@@ -91,11 +91,12 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
         raise ApiError(403, "the verdict is not signed by the calling validator")
     with svc.db.tx() as cur:
         row = cur.execute(
-            "SELECT sha256, node, state, validator, void FROM files WHERE key = ?", (v.key,)
+            "SELECT sha256, node, state, validator, void, policy FROM files WHERE key = ?",
+            (v.key,),
         ).fetchone()
         if row is None:
             raise ApiError(404, f"no file {v.key!r}")
-        sha, node, state, holder, void = row
+        sha, node, state, holder, void, policy = row
         if sha != v.sha256 or node != v.node:
             raise ApiError(409, "the verdict names other bytes or another node than the file")
         late_cheat = (  # found out after the trainer moved past the file: still a cheat
@@ -123,7 +124,15 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
         )
         # the validator's own failure or doubt (BLAMELESS_CHECKS): refused, no one punished
         ejected = _eject(svc, cur, node, v) if v.check not in BLAMELESS_CHECKS else False
+    _purge_late(svc, v.key, policy)
     return {"state": "rejected", "ejected": ejected}
+
+
+def _purge_late(svc: Service, key: str, policy: int) -> None:
+    """A file rejected after `published` deleted the rejected files of its policy:
+    its object goes now (the record stays)."""
+    if policy <= int(svc.meta("purged_rejected") or -1):
+        svc.objects.delete(key)
 
 
 def _eject(svc: Service, cur, node: str, v) -> bool:
@@ -158,7 +167,9 @@ def open_step(svc: Service, step: int, sampler: dict, done: bool, device: str = 
 def published(svc: Service, version: int) -> dict:
     """Version `version` is out: files the trainer consumed up to it are trained, and
     their objects are deleted once `orchestrator.keep_trained_steps` more versions are
-    out (the dashboard's rollout viewer reads them until then)."""
+    out (the dashboard's rollout viewer reads them until then); so are the objects of
+    rejected files generated with a policy that old (their records, verdict and
+    reason included, stay in the ledger)."""
     upto = version - svc.cfg.orchestrator.keep_trained_steps
     with svc.db.tx() as cur:
         svc.set_meta(cur, "policy", str(version))
@@ -174,15 +185,21 @@ def published(svc: Service, version: int) -> dict:
             " AND consumed_step <= ?",
             (purged, upto),
         ).fetchall()
+        purged_rejected = int(svc.meta("purged_rejected", cur) or -1)
+        rows += cur.execute(
+            "SELECT key FROM files WHERE state = 'rejected' AND policy > ? AND policy <= ?",
+            (purged_rejected, upto),
+        ).fetchall()
     svc.published_at[version] = svc.clock()
     while len(svc.published_at) > 4096:  # the dashboard's weights lag needs the recent ones
         del svc.published_at[min(svc.published_at)]
     for (k,) in rows:
         svc.objects.delete(k)
-    if upto > purged:
+    if upto > min(purged, purged_rejected):
         with svc.db.tx() as cur:
-            if upto > int(svc.meta("purged", cur) or -1):
-                svc.set_meta(cur, "purged", str(upto))
+            for mark in ("purged", "purged_rejected"):
+                if upto > int(svc.meta(mark, cur) or -1):
+                    svc.set_meta(cur, mark, str(upto))
     return {"policy": version, "trained": trained}
 
 
@@ -230,12 +247,14 @@ def consume(svc: Service, step: int, keys: list[str]) -> dict:
 
 def trainer_reject(svc: Service, key: str, reason: str) -> dict:
     with svc.db.tx() as cur:
-        n = cur.execute(
+        row = cur.execute(
             "UPDATE files SET state = 'rejected', check_name = 'trainer', reason = ?"
-            " WHERE key = ? AND state IN ('accepted', 'consumed')",
+            " WHERE key = ? AND state IN ('accepted', 'consumed') RETURNING policy",
             (reason[:1000], key),
-        ).rowcount
-    return {"rejected": bool(n)}
+        ).fetchone()
+    if row is not None:
+        _purge_late(svc, key, row[0])
+    return {"rejected": row is not None}
 
 
 def resume(svc: Service, version: int) -> dict:
