@@ -110,6 +110,42 @@ def test_each_cheat_of_the_environments_part_is_rejected(echo_run, cheat):
         assert v.samples and v.reason
 
 
+class Unsettled(Echo):
+    """A worker's environment whose every answer is one the validator cannot settle."""
+
+    def respond(self, span: str, turn: int) -> str | None:
+        return None if super().respond(span, turn) is None else "[?]"
+
+
+class Doubting(Echo):
+    """A validator's environment for which "[?]" may be nobody's fault (as the Python
+    tool's time limit is: machines differ in speed)."""
+
+    def doubt(self, span: str, turn: int, answer: str, claimed: str) -> str | None:
+        return "the answer could not be settled" if claimed == "[?]" else None
+
+
+def test_an_unsettled_answer_is_refused_as_such_only_when_nothing_else_is_wrong(echo_run):
+    """Through the validator's whole loop (Judge.judge): a file whose only fault is an
+    answer the validator cannot settle is refused as `unverifiable` (blameless); the
+    same doubt beside a model span edited after the tool answered is `sampling`."""
+    cfg, tmp, judge, maker = echo_run
+    env_key = cfg.env.model_dump_json()
+    environment_module._BUILT[env_key] = Unsettled()
+    try:
+        unsettled = maker.file()
+        edited = maker.file(make_cheat("edited-after-tool", seed=0))
+    finally:
+        environment_module._BUILT[env_key] = Doubting()
+    try:
+        v = judge.judge(*unsettled, issued=issued(unsettled[0]))
+        assert not v.accepted and v.check == "unverifiable", (v.check, v.reason)
+        v = judge.judge(*edited, issued=issued(edited[0]))
+        assert not v.accepted and v.check == "sampling", (v.check, v.reason)
+    finally:
+        environment_module._BUILT[env_key] = Echo()
+
+
 def test_a_file_of_the_format_before_trajectories_still_validates(random_model_dir, tmp_path):
     cfg = small_run(tmp_path, random_model_dir)
     maker = Maker(cfg, tmp_path, name="old")
