@@ -52,6 +52,15 @@ class EnvConfig(Section):
     python_memory_mb: int = Field(
         256, ge=64, le=16_384, description="Python tool: a program's address space, in MiB."
     )
+    python_version: str = Field(
+        "",
+        pattern=r"^(3\.\d{1,3})?$",
+        description="Python tool: the interpreter version (major.minor) every node runs "
+        "programs with (their error messages differ between versions, so a validator on "
+        "another would take an honest answer for a forgery); empty: the orchestrator's "
+        "own, written into the run config it serves. A node on another version refuses "
+        "to start.",
+    )
     python_isolation: Literal["auto", "namespace", "process"] = Field(
         "namespace",
         description="Python tool: the code sandbox's isolation (tasks/graders/sandbox.py), "

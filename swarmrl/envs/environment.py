@@ -21,7 +21,7 @@ it and validators replay with it, with the same tools, call form and limits.
 
 from __future__ import annotations
 
-from swarmrl.envs.python_tool import TIME_LIMIT, PythonLimits
+from swarmrl.envs.python_tool import TIME_LIMIT, PythonLimits, check_interpreter
 from swarmrl.envs.tools import (
     SYNTAXES,
     TOOLS,
@@ -103,6 +103,8 @@ def from_config(env_cfg) -> ToolEnvironment | None:
     """The run's environment (`[env]`), checked for determinism; None: single turn."""
     if env_cfg.kind == "none":
         return None
+    if "python" in env_cfg.tools:
+        check_interpreter(env_cfg.python_version)
     env = ToolEnvironment(
         tuple(env_cfg.tools),
         env_cfg.max_turns,

@@ -22,7 +22,10 @@ The caller cuts it to the tools' answer length (envs/tools.py RESULT_CHARS).
 from __future__ import annotations
 
 import signal
+import sys
 from dataclasses import dataclass
+
+from swarmrl.errors import ConfigError
 
 TIME_LIMIT = "error: time limit"
 OUTPUT_BYTES = 64 * 1024  # read back at most this much (the answer keeps far less)
@@ -65,3 +68,18 @@ def run_program(code: str, limits: PythonLimits = PythonLimits()) -> str:
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     last = lines[-1] if lines else f"error: exit status {r.exit_code}"
     return f"{r.stdout}{last}"
+
+
+def interpreter_version() -> str:
+    """This interpreter's major.minor: what a program's answers depend on."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def check_interpreter(wanted: str) -> None:
+    """Refuse to answer Python tool calls on another interpreter than the run's."""
+    if wanted and wanted != interpreter_version():
+        raise ConfigError(
+            f"this run's Python tool runs programs with Python {wanted} (env.python_version), "
+            f"and this node runs Python {interpreter_version()}: a program's answers (error "
+            f"messages first) differ between versions, so run this node with Python {wanted}"
+        )

@@ -34,6 +34,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, Response
 
+from swarmrl.envs.python_tool import interpreter_version
 from swarmrl.orchestrator import admission, dashboard, files, mismatch, nodes, relays, work
 from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
 from swarmrl.orchestrator.auth import (
@@ -86,6 +87,8 @@ ERRORS = {
 def public_params(svc: Service) -> dict:
     cfg = svc.cfg
     config = cfg.model_dump(mode="json", exclude={"orchestrator", "launcher"})
+    if cfg.env.kind != "none" and "python" in cfg.env.tools and not cfg.env.python_version:
+        config["env"]["python_version"] = interpreter_version()  # every node runs this one
     dataset = None
     if cfg.task.dataset:
         if svc.dataset_sha256 is None:  # hashed once, not on every public call

@@ -26,6 +26,7 @@ from pathlib import Path
 from swarmrl.config import RunConfig
 from swarmrl.device import describe, resolve_device
 from swarmrl.envs.environment import environment_of
+from swarmrl.envs.python_tool import check_interpreter
 from swarmrl.inference.engine import PrefillEngine, make_engine
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.assign import parse_rollout_key
@@ -201,6 +202,8 @@ def run_validator(cfg: RunConfig, index: int) -> None:
     paths = cfg.paths
     key = load_or_create_key(paths.keys / f"validator-{index}.key")
     client = OrchestratorClient(cfg.orchestrator.url, key)
+    if cfg.env.kind != "none" and "python" in cfg.env.tools:  # the run's interpreter
+        check_interpreter(client.run_params()["config"]["env"].get("python_version", ""))
     weights = open_weights_source(
         cfg, f"validator-{index}", keep=cfg.async_level + 2, client=client
     )

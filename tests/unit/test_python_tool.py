@@ -8,7 +8,13 @@ import pytest
 
 from swarmrl.config import load_config
 from swarmrl.envs.environment import ToolEnvironment, environment_of
-from swarmrl.envs.python_tool import TIME_LIMIT, PythonLimits, run_program
+from swarmrl.envs.python_tool import (
+    TIME_LIMIT,
+    PythonLimits,
+    check_interpreter,
+    interpreter_version,
+    run_program,
+)
 from swarmrl.envs.tools import call_at_end
 from swarmrl.errors import ConfigError
 from swarmrl.tasks.graders.sandbox import namespaces_available, run_python
@@ -70,6 +76,26 @@ def test_the_python_tool_needs_the_tag_form_and_one_isolation():
         ))  # fmt: skip
     assert call_at_end("x <python>print(1)</python>").tool == "python"
     assert call_at_end("47 * 2 = ", "equals").tool == "calc"
+
+
+def test_every_node_runs_programs_with_the_runs_python(tmp_path):
+    """The orchestrator writes its interpreter's version into the run config it serves;
+    a node on another version refuses to build the tool (workers build it from that
+    config, validators compare it with their own)."""
+    from tests.unit.orch_util import Orch
+
+    tools = ['env.kind="tools"', 'env.tools=["python"]', f'env.python_isolation="{ISOLATION}"']
+    served = Orch(tmp_path / "a", *tools).http.get("/v1/run").json()["config"]["env"]
+    assert served["python_version"] == interpreter_version()
+    assert environment_of(load_config(None, [*tools, f'env.python_version="{served["python_version"]}"']))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"runs programs with Python 3\.1 .* runs Python 3\."):
+        environment_of(load_config(None, [*tools, 'env.python_version="3.1"']))
+    with pytest.raises(ConfigError):
+        check_interpreter("3.1")
+    check_interpreter("")  # a node's own config, before the run's: its own interpreter
+    # a run without the tool serves no version, and pins none
+    plain = Orch(tmp_path / "b").http.get("/v1/run").json()["config"]["env"]
+    assert plain["python_version"] == ""
 
 
 def test_a_forged_output_is_a_cheat_and_an_unsettled_one_is_nobodys_fault():
