@@ -45,6 +45,7 @@ from swarmrl.orchestrator.nodes import require_worker, touch
 from swarmrl.orchestrator.service import ApiError, Service
 from swarmrl.protocol.assign import Assignment, rollout_key
 from swarmrl.protocol.seeds import derive_seed
+from swarmrl.protocol.verdict import BLAMELESS_CHECKS
 
 ON_THE_WAY = ("uploading", "pending", "accepted")
 FILE_STATES = (*ON_THE_WAY, "consumed", "trained", "rejected", "stale", "discarded")
@@ -333,8 +334,10 @@ def ledger(svc: Service) -> dict:
         devices = dict(
             cur.execute("SELECT k, v FROM meta WHERE k LIKE ?", ("device:%",)).fetchall()
         )
+        blameless = ", ".join(f"'{c}'" for c in (*BLAMELESS_CHECKS, "trainer"))
         per = cur.execute(
-            "SELECT node, state, void, final, COUNT(*) FROM files GROUP BY node, state, void, final"
+            f"SELECT node, state, void, final, COALESCE(check_name IN ({blameless}), FALSE),"
+            " COUNT(*) FROM files GROUP BY node, state, void, final, 5"
         ).fetchall()
         run = run_state(svc, cur)
         suspects = {k for (k,) in cur.execute("SELECT node FROM suspects").fetchall()}
@@ -342,24 +345,24 @@ def ledger(svc: Service) -> dict:
         window = svc.cfg.validator.mismatch_window
         figures = window_figures(cur, int(last), window) if last is not None else []
     kl = {m.node: m for m in figures}
+    zero = {"accepted": 0, "rejected": 0, "blameless": 0, "pending": 0, "void": 0, "final": 0}
     counts: dict[str, dict[str, int]] = {}
-    for node, state, void, final, n in per:
-        c = counts.setdefault(
-            node, {"accepted": 0, "rejected": 0, "pending": 0, "void": 0, "final": 0}
-        )
+    for node, state, void, final, no_fault, n in per:
+        c = counts.setdefault(node, dict(zero))
         if void:
             c["void"] += n
         elif state in ("accepted", "consumed", "trained"):
             c["accepted"] += n
         elif state == "rejected":
             c["rejected"] += n
+            c["blameless"] += n if no_fault else 0
         elif state in ("pending", "uploading"):
             c["pending"] += n
         if final:
             c["final"] += n
     out = []
     for key, role, state, stake, slashed, reason, last_seen, hardware in nodes:
-        c = counts.get(key, {"accepted": 0, "rejected": 0, "pending": 0, "void": 0, "final": 0})
+        c = counts.get(key, zero)
         m = kl.get(key)
         device = json.loads(hardware).get("device", "") if hardware else ""
         out.append(

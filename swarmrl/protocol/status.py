@@ -54,7 +54,7 @@ def ledger_table(ledger: dict, now: float | None = None) -> str:
             f"{max(0, now - n['last_seen']):.0f}s ago",
             str(n["accepted"]),
             str(n["pending"]),
-            str(n["rejected"]),
+            str(n["rejected"]) + (f" ({n['blameless']} no fault)" if n.get("blameless") else ""),
             str(n["void"]),
             str(n["final"]),
             f"{n['stake']:.1f}",

@@ -149,6 +149,7 @@ def test_cheater_is_ejected_voided_slashed_and_cannot_come_back(orch):
     c, h = led[public_key_hex(cheat)], led[public_key_hex(honest)]
     assert c["state"] == "ejected" and c["slashed"] == 50.0 and c["stake"] == 50.0
     assert c["void"] == 1 and c["rejected"] == 1 and c["accepted"] == 0  # accepted: now void
+    assert c["blameless"] == 0 and h["blameless"] == 0
     assert h["state"] == "healthy" and h["slashed"] == 0 and h["accepted"] == 1
     assert "proof" in c["reason"]
     files = o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 1})["files"]
@@ -176,7 +177,9 @@ def test_a_validator_error_refuses_the_file_without_punishing(orch, check):
     f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
     r = o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, f, False, check))
     assert r == {"state": "rejected", "ejected": False}
-    assert o.ledger()[public_key_hex(w)]["state"] == "healthy"
+    row = o.ledger()[public_key_hex(w)]
+    assert row["state"] == "healthy"
+    assert row["rejected"] == row["blameless"] == 1  # counted apart: an operator sees them
 
 
 def test_rejected_files_objects_are_deleted_like_trained_ones(orch):

@@ -237,7 +237,7 @@ function drawSwarm() {
     ["hardware", (n) => n.cpus ? `${n.cpus} cpu, ${fmt(n.memory_gb, 0)} GB${n.gpus && n.gpus.length ? ", " + n.gpus.join(", ") : ""}` : "–"],
     ["tokens/s (claimed)", (n) => n.tokens_per_s ?? null], ["s per unit (measured)", (n) => n.s_per_unit],
     ["accepted", (n) => n.accepted], ["pending", (n) => n.pending], ["rejected", (n) => n.rejected],
-    ["stake", (n) => n.stake], ["slashed", (n) => n.slashed],
+    ["no fault", (n) => n.blameless ?? null], ["stake", (n) => n.stake], ["slashed", (n) => n.slashed],
     ["heartbeat", (n) => ago(n.last_seen, now)],
     ["policy", (n) => n.version ?? null], ["behind", (n) => n.behind], ["weights lag", (n) => n.lag_s === null ? "–" : dur(n.lag_s)],
     ["mismatch KL (unchecked)", (n) => n.kl_unchecked], ["suspect", (n) => n.suspect ? "yes" : ""],
