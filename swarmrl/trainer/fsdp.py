@@ -42,11 +42,13 @@ def init_distributed(device: torch.device) -> tuple[int, int]:
 
 
 def leave_distributed(clean: bool = True) -> None:
-    """Leave the process group. After a `clean` finish every rank first meets the
-    others at a barrier, so that no rank tears its group down (rank 0 also hosts the
-    rendezvous store) while another still talks to it: a rank of the two-rank test
-    once died at exit with "terminate called without an active exception". After an
-    error there is no barrier, since the other ranks may never come."""
+    """Leave the process group (when there is one). After a `clean` finish every rank
+    first meets the others at a barrier, so that no rank tears its group down while
+    another still talks to it (with MASTER_ADDR alone, rank 0 also hosts the store): a
+    rank of the two-rank test once died at exit with "terminate called without an
+    active exception". After an error there is no barrier: the others may never come.
+    The trainer's ranks call it as soon as rank 0 says the run is over (ranks.py), not
+    after rank 0's finishing work, which could outlast the barrier's timeout."""
     import torch.distributed as dist
 
     if not dist.is_initialized():

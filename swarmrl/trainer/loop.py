@@ -165,16 +165,15 @@ def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.seed)
     log.info("trainer rank %d of %d computes on %s", rank, world, describe(device))
-    clean = False
     try:
         if rank > 0:
             follow(cfg, rank, world, device)
         else:
             _rank0(cfg, resume, Policy(cfg, 0, world, device))
-        clean = True
     finally:
-        if world > 1:
-            leave_distributed(clean)
+        # after a clean finish the ranks have already left together (ranks.py: stop);
+        # after an error there is no barrier, since the others may never come
+        leave_distributed(clean=False)
 
 
 def _rank0(cfg: RunConfig, resume: bool, policy: Policy) -> None:

@@ -45,7 +45,7 @@ import torch
 
 from swarmrl.config import RunConfig, RunPaths
 from swarmrl.models.loading import load_model, load_tokenizer
-from swarmrl.trainer.fsdp import full_state_dict, shard
+from swarmrl.trainer.fsdp import full_state_dict, leave_distributed, shard
 from swarmrl.trainer.step import StepStats, grpo_update
 
 log = logging.getLogger("swarmrl.trainer")
@@ -163,8 +163,11 @@ class Policy:
         return final
 
     def stop(self) -> None:
+        """Tell the other ranks the run is over; every rank leaves together (fsdp.py:
+        leave_distributed) before rank 0 goes on to its own finishing work."""
         if self.world > 1 and self.rank == 0:
             _broadcast(None, 0)
+            leave_distributed()
 
 
 def publish_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
@@ -250,4 +253,5 @@ def follow(cfg: RunConfig, rank: int, world: int, device: torch.device) -> None:
         policy.update(samples)
         policy.snapshot()
         policy.save(paths, step)
+    leave_distributed()  # with rank 0, in its stop()
     log.info("rank %d: the run is over", rank)
