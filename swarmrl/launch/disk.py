@@ -52,36 +52,58 @@ def model_elements(path: str) -> int:
 
 
 def disk_need(
-    cfg: RunConfig, elements: int, relays: int, validators: int, workers: int
+    cfg: RunConfig,
+    elements: int,
+    relays: int,
+    validators: int,
+    workers: int,
+    published_dtype: torch.dtype | None = None,
 ) -> DiskNeed:
     """What a swarm of that many relays, validators and workers (cheaters included)
-    beside its trainer needs on disk, for a model of `elements`."""
+    beside its trainer needs on disk, for a model of `elements` published in
+    `published_dtype` (default: what a CPU trainer publishes). Without SHARDCAST the
+    other processes read the trainer's own versions and keep none."""
     master = getattr(torch, cfg.model.dtype).itemsize
-    published = master  # "auto" on a CPU trainer; bfloat16 on CUDA is smaller
-    if cfg.model.publish_dtype != "auto":
-        published = getattr(torch, cfg.model.publish_dtype).itemsize
+    if published_dtype is None:
+        name = cfg.model.publish_dtype
+        published_dtype = getattr(torch, cfg.model.dtype if name == "auto" else name)
+    published = published_dtype.itemsize
     held = cfg.async_level + 1
-    versions = held + 1 + relays * held + validators * (held + 1)
+    versions = held + 1  # the trainer's weights/ and final/
+    if cfg.shardcast.enabled:
+        versions += relays * held + validators * (held + 1) + workers * cfg.shardcast.keep_local
     per_state = elements * master * 2 + (elements * master if published < master else 0)
     return DiskNeed(
-        version_bytes=elements * published,
-        versions=versions + workers * cfg.shardcast.keep_local,
-        state_bytes=held * per_state,
+        version_bytes=elements * published, versions=versions, state_bytes=held * per_state
     )
+
+
+def _run_files(run: Path) -> int:
+    """Bytes of the versions and trainer states a resumed run already holds."""
+    total = 0
+    for part in ("weights", "final", "trainer_state", "relays", "nodes"):
+        for f in (run / part).rglob("*"):
+            try:
+                total += f.stat().st_size if f.is_file() else 0
+            except FileNotFoundError:  # pruned while we looked
+                pass
+    return total
 
 
 def check_disk(cfg: RunConfig, relays: int, validators: int, workers: int) -> DiskNeed:
     """Refuse to start when the run directory's filesystem has less free space than
     the swarm needs (LaunchError, with the figures and what lowers them)."""
+    from swarmrl.device import resolve_device
     from swarmrl.launch.swarm import LaunchError
+    from swarmrl.trainer.ranks import publish_dtype
 
-    need = disk_need(cfg, model_elements(cfg.model.path), relays, validators, workers)
+    dtype = publish_dtype(cfg, resolve_device(cfg.trainer.device, "trainer.device"))
+    need = disk_need(cfg, model_elements(cfg.model.path), relays, validators, workers, dtype)
     where = Path(cfg.run_dir)
     while not where.exists():
         where = where.parent
-    # a resumed run's own files are part of what it needs, not taken from the room
-    ours = sum(f.stat().st_size for f in Path(cfg.run_dir).rglob("*") if f.is_file())
-    free = shutil.disk_usage(where).free + ours
+    # a resumed run's own versions and states are part of what it needs, not taken from the room
+    free = shutil.disk_usage(where).free + _run_files(Path(cfg.run_dir))
     if free < need.total:
         gb = 1 << 30
         raise LaunchError(

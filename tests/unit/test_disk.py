@@ -6,6 +6,7 @@ import shutil
 from collections import namedtuple
 
 import pytest
+import torch
 
 from swarmrl.config import load_config
 from swarmrl.launch import disk
@@ -25,6 +26,12 @@ def test_the_need_counts_every_copy_and_the_trainer_state():
     assert bf16.version_bytes == 2000
     assert bf16.state_bytes == 3 * (1000 * 4 * 2 + 1000 * 4)  # and the float32 masters
     assert need.total == int((need.version_bytes * need.versions + need.state_bytes) * 1.2)
+    # a trainer on CUDA publishes bfloat16 ("auto") and keeps float32 masters
+    cuda = disk.disk_need(cfg, 1000, 1, 1, 2, published_dtype=torch.bfloat16)
+    assert cuda.version_bytes == 2000 and cuda.state_bytes == bf16.state_bytes
+    # without SHARDCAST the other processes read the trainer's versions: no copies
+    local = load_config(None, ["shardcast.enabled=false"])
+    assert disk.disk_need(local, 1000, 1, 1, 2).versions == 3 + 1
 
 
 def test_a_swarm_without_room_is_refused_with_the_figures(tmp_path, monkeypatch):
@@ -38,8 +45,9 @@ def test_a_swarm_without_room_is_refused_with_the_figures(tmp_path, monkeypatch)
     assert disk.check_disk(cfg, 1, 1, 2) == need
     # resuming: the run's own files count as room, since the run needs them anyway
     run = tmp_path / "not" / "yet" / cfg.name
-    run.mkdir(parents=True)
-    (run / "state.bin").write_bytes(b"x" * 1000)
+    (run / "weights" / "step_000001").mkdir(parents=True)
+    (run / "weights" / "step_000001" / "model.safetensors").write_bytes(b"x" * 1000)
+    (run / "metrics.jsonl").write_bytes(b"x" * 5000)  # not a version: no room
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 0, need.total - 1000))
     assert disk.check_disk(cfg, 1, 1, 2) == need
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 0, need.total - 1001))
