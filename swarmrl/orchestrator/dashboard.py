@@ -314,7 +314,7 @@ def rollout_view(svc: Service, key: str) -> dict:
             raise ApiError(e.status, e.detail) from None
         if data is None:
             return {**head, "samples": [], "gone": "the file was deleted from the object store "
-                    "(trained and past orchestrator.keep_trained_steps, or stale)"}  # fmt: skip
+                    "(trained or rejected, and past orchestrator.keep_trained_steps; or stale)"}  # fmt: skip
         try:
             rows = read_rollouts(data, max_decoded=ROLLOUT_DECODED_BYTES)
         except RolloutFileError as e:  # a rejected file may be malformed: say so, show nothing

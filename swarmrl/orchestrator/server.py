@@ -92,6 +92,12 @@ def run_orchestrator(cfg: RunConfig) -> None:
     revive_after_restart(svc)
     app = build_app(svc, sweep_every_s=min(1.0, o.heartbeat_s / 2))
     log.info("orchestrator of run %s (%s) at %s", svc.run_id, svc.db.engine, url)
+    env = cfg.env
+    if env.kind != "none" and "python" in env.tools:  # what public_params serves
+        from swarmrl.envs.python_tool import interpreter_version
+
+        pinned = env.python_version or interpreter_version()
+        log.info("the Python tool runs on Python %s on every node (env.python_version)", pinned)
     limits = ConnectionLimits.from_config(o)
     uvicorn.Server(
         server_config(app, o.host, o.port, limits, log_level="warning", access_log=False)

@@ -186,11 +186,11 @@ def test_rejected_files_objects_are_deleted_like_trained_ones(orch):
     """A rejected file's object stays for the dashboard while keep_trained_steps versions
     are published after its policy, then goes; its record stays in the ledger. One
     rejected after that is deleted at once."""
-    o = orch("orchestrator.keep_trained_steps=2")
+    o = orch("orchestrator.keep_trained_steps=2", "trainer.batch_groups=1000")
     w = o.worker("a")
     o.register(w)
     o.open_step(1, 0)
-    g = [_file(o, w, 0, b"judged early"), _file(o, w, 0, b"judged late")]
+    g = [_file(o, w, 0, b"judged early"), _file(o, w, 0, b"judged late"), _file(o, w, 0, b"ok")]
     early = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
     o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, early, False, "error"))
     o.ok(o.trainer, "POST", "/v1/trainer/published", {"version": 1})
@@ -198,10 +198,16 @@ def test_rejected_files_objects_are_deleted_like_trained_ones(orch):
     o.ok(o.trainer, "POST", "/v1/trainer/published", {"version": 2})
     assert o.svc.objects.size(early["key"]) is None
     late = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
-    assert {early["key"], late["key"]} == {x["key"] for x in g}
     o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, late, False, "error"))
     assert o.svc.objects.size(late["key"]) is None
-    assert o.ledger()[public_key_hex(w)]["rejected"] == 2
+    # accepted, then refused by the trainer (a bad read) after the window: deleted at once
+    ok = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
+    assert {early["key"], late["key"], ok["key"]} == {x["key"] for x in g}
+    o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, ok, True))
+    assert o.svc.objects.size(ok["key"]) is not None
+    o.ok(o.trainer, "POST", "/v1/trainer/reject", {"key": ok["key"], "reason": "unreadable"})
+    assert o.svc.objects.size(ok["key"]) is None
+    assert o.ledger()[public_key_hex(w)]["rejected"] == 3
 
 
 def test_forged_or_foreign_verdicts_are_refused(orch):
