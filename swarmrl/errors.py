@@ -21,3 +21,7 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A configuration problem, with a message that names the key."""
+
+
+class LaunchError(UserError, RuntimeError):
+    """A local swarm that cannot start as asked (launch/)."""

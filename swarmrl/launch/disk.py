@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from swarmrl.config.run import RunConfig
+from swarmrl.errors import LaunchError
 
 HEADROOM = 1.2  # a version being downloaded beside those kept, patches, rollouts, logs
 
@@ -94,7 +95,6 @@ def check_disk(cfg: RunConfig, relays: int, validators: int, workers: int) -> Di
     """Refuse to start when the run directory's filesystem has less free space than
     the swarm needs (LaunchError, with the figures and what lowers them)."""
     from swarmrl.device import resolve_device
-    from swarmrl.launch.swarm import LaunchError
     from swarmrl.trainer.ranks import publish_dtype
 
     dtype = publish_dtype(cfg, resolve_device(cfg.trainer.device, "trainer.device"))

@@ -41,16 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmrl.config import RunConfig
-from swarmrl.errors import EXIT_REFUSED, UserError
+from swarmrl.errors import EXIT_REFUSED, LaunchError
 from swarmrl.launch import heldout
 from swarmrl.launch.progress import Progress, fetch_ledger, summary_lines
 from swarmrl.launch.supervisor import Action, Proc, Supervisor, free_port, stop_all, tail
 
 log = logging.getLogger("swarmrl.launch.swarm")
-
-
-class LaunchError(UserError, RuntimeError):
-    pass
 
 
 def _shardcast_setup(cfg: RunConfig, base: list[str], cfg_args: list[str]):
