@@ -123,7 +123,8 @@ class HFBackend:
 
         path = Path(path)
         want = self.run_dtype_for(path)
-        if self.model is None or self.running_dtype != want:  # first load, or a new dtype
+        gguf = not path.is_dir()  # "smollm2" or a .gguf file: no safetensors to swap in
+        if self.model is None or self.running_dtype != want or gguf:  # first load, a new dtype
             self.model = None
             self._adopt(load_model(str(path), want).to(self.device))
             return
