@@ -11,7 +11,7 @@ import sqlite3
 import subprocess
 
 from swarmrl.protocol.assign import parse_rollout_key
-from tests.integration.conftest import read_metrics, swarm_cmd, wait_for
+from tests.integration.conftest import pid_of, read_metrics, swarm_cmd, wait_for
 
 
 def _cheater_key(run) -> str | None:
@@ -62,7 +62,10 @@ def test_forged_logprobs_are_bounded_flagged_and_then_validated(tiny_model, tmp_
         finally:
             if proc.poll() is None:
                 proc.kill()
+    # Ctrl-C (SIGINT) stops the whole swarm: every process, and the launcher says so
     assert proc.returncode == 130, log.read_text()[-3000:]
+    assert "interrupted; stopping all processes" in log.read_text()
+    assert pid_of(run, "trainer") is None and pid_of(run, "worker") is None
     steps = len(read_metrics(run))
     assert steps < 200, f"{steps} steps: the mismatch window did not hold the run"
     names = {p.read_text().strip(): p.parent.name for p in (run / "nodes").glob("*/node.pub")}

@@ -283,28 +283,6 @@ def test_default_run_meets_the_reward_target(tiny_model, tmp_path):
     assert last >= first + 0.25, f"first 5 steps {first:.3f}, last 5 {last:.3f}"
 
 
-def test_ctrl_c_stops_every_process(tiny_model, tmp_path):
-    import signal
-
-    run = tmp_path / "runs" / "tiny"
-    proc = subprocess.Popen(
-        swarm_cmd(tmp_path, tiny_model, "trainer.steps=100"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_for(lambda: len(read_metrics(run)) >= 1, 300, "step 1", proc)
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130
-    assert "interrupted; stopping all processes" in out
-    assert pid_of(run, "trainer") is None and pid_of(run, "worker") is None
-
-
 def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
     """Every kind of cheater beside two honest workers: all their files rejected, all
     honest files accepted, and the trainer finishes on accepted files only."""
