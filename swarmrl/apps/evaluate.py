@@ -43,6 +43,7 @@ def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_len
     errors) for each task; `on_batch(k)` after each batch of k tasks. With an
     environment `env`, greedy trajectories (the tool answers between the model's
     spans) graded on their whole text."""
+    from swarmrl.envs.environment import bound
     from swarmrl.inference.generation import decode, greedy
     from swarmrl.inference.hf import HFBackend
     from swarmrl.inference.trajectory import generate_trajectories
@@ -59,7 +60,7 @@ def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_len
             done = decode(model, prompts, max_new_tokens, greedy, eos, tokenizer.pad_token_id)
         else:
             done = generate_trajectories(
-                HFBackend.around(model), tokenizer, env, prompts, [0] * len(prompts),
+                HFBackend.around(model), tokenizer, bound(env, chunk), prompts, [0] * len(prompts),
                 max_new_tokens, 1.0, 1.0, proofs=False, greedy=True,
             )  # fmt: skip
         for t, c in zip(chunk, done, strict=True):

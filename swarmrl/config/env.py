@@ -17,10 +17,13 @@ class EnvConfig(Section):
     Workers generate with it and validators replay it with the same settings, so a
     tool's limits here are the limits on both."""
 
-    kind: Literal["none", "tools"] = Field(
+    kind: Literal["none", "tools", "verifiers"] = Field(
         "none",
         description="'none': one model span per completion; 'tools': the model may call "
-        "the tools below, and each call's result is inserted before its next span.",
+        "the tools below, and each call's result is inserted before its next span; "
+        "'verifiers': the tools of the verifiers taskset (task.name = 'verifiers'), called "
+        'as <tool_call>{"name": ..., "arguments": {...}}</tool_call> and answered '
+        "<tool_response>...</tool_response> (envs/verifiers_tools.py).",
     )
     tools: list[Literal["calc", "python"]] = Field(
         default_factory=lambda: ["calc"],
@@ -37,6 +40,11 @@ class EnvConfig(Section):
     max_turns: int = Field(
         4, ge=1, le=64, description="Model spans per trajectory (the last one gets no answer)."
     )
+    tool_timeout_s: float = Field(
+        10.0, gt=0, le=600,
+        description="kind 'verifiers': seconds the taskset's tools may take to answer a "
+        "call (with the calls before it); past it the answer is 'error: time limit'.",
+    )  # fmt: skip
     max_expr_chars: int = Field(
         400, ge=1, le=100_000, description="Calculator: the longest expression it reads."
     )

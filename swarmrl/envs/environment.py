@@ -99,8 +99,23 @@ class ToolEnvironment:
         return None
 
 
-def from_config(env_cfg) -> ToolEnvironment | None:
-    """The run's environment (`[env]`), checked for determinism; None: single turn."""
+def from_config(env_cfg, task_cfg=None):
+    """The run's environment (`[env]`), checked for determinism; None: single turn.
+    `task_cfg` ([task]): a verifiers taskset's tools need `kind = "verifiers"`, and that
+    kind needs such a taskset."""
+    tools = task_cfg is not None and task_cfg.name == "verifiers" and _taskset_tools(task_cfg)
+    if tools and env_cfg.kind != "verifiers":
+        raise ConfigError(
+            f"task.env '{task_cfg.env}' gives its tasks tools: set [env] kind = 'verifiers' "
+            "so that the model can call them and validators can check their answers"
+        )
+    if env_cfg.kind == "verifiers":
+        if not tools:
+            raise ConfigError(
+                "env.kind = 'verifiers' runs the tools of a verifiers taskset: set "
+                "task.name = 'verifiers' and task.env to a taskset whose tasks have tools"
+            )
+        return _verifiers_environment(env_cfg, task_cfg)
     if env_cfg.kind == "none":
         return None
     if "python" in env_cfg.tools:
@@ -116,15 +131,55 @@ def from_config(env_cfg) -> ToolEnvironment | None:
     return env
 
 
+def _taskset_tools(task_cfg) -> bool:
+    from swarmrl.tasks.schema import TaskError
+    from swarmrl.tasks.sources.environments import has_tools
+
+    try:
+        return has_tools(task_cfg.env, task_cfg.env_args)
+    except TaskError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _verifiers_environment(env_cfg, task_cfg):
+    """The taskset's tools, probed twice on its first row."""
+    from swarmrl.envs.verifiers_tools import (
+        ToolSession,
+        VerifiersEnvironment,
+        check_deterministic,
+    )
+    from swarmrl.tasks.sources.environments import records, task_row
+
+    env = VerifiersEnvironment(env_cfg.max_turns, env_cfg.tool_timeout_s)
+    first = records(task_cfg)[0]
+    env.bind(first)  # loads the taskset in the checker before the timed probes
+    schemas = ToolSession(task_row(first.verification_info), setup=False).schemas()
+    check_deterministic(env, first.verification_info, schemas)
+    return env
+
+
 _BUILT: dict = {}
 
 
-def environment_of(cfg) -> ToolEnvironment | None:
-    """`from_config(cfg.env)`, built and checked once per distinct `[env]`."""
-    key = cfg.env.model_dump_json()
+def built_key(cfg) -> str:
+    """What `environment_of` builds one environment per."""
+    return cfg.env.model_dump_json() + cfg.task.model_dump_json()
+
+
+def environment_of(cfg):
+    """`from_config(cfg.env, cfg.task)`, built and checked once per distinct `[env]`
+    and `[task]`."""
+    key = built_key(cfg)
     if key not in _BUILT:
-        _BUILT[key] = from_config(cfg.env)
+        _BUILT[key] = from_config(cfg.env, cfg.task)
     return _BUILT[key]
+
+
+def bound(env, tasks) -> list:
+    """The environment of each trajectory: `env.bind(task)` where the environment
+    answers from its task (a verifiers taskset's tools), else `env` itself."""
+    bind = getattr(env, "bind", None)
+    return [bind(t) if bind else env for t in tasks]
 
 
 # inputs every tool environment is probed with before a run (the answers must repeat)

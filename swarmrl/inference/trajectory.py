@@ -73,13 +73,15 @@ def generate_trajectories(
     greedy: bool = False,
 ) -> list[Trajectory]:  # fmt: skip
     """One trajectory per prompt, with `backend` (HFBackend) and the environment `env`
-    (`ends(span_text) -> bool`, `respond(span_text, turn) -> str | None`). `greedy`:
-    the argmax token at every step (held-out evaluation; seeds and temperature unused)."""
+    (`ends(span_text) -> bool`, `respond(span_text, turn) -> str | None`), or a list of
+    one environment per prompt (envs/environment.py: `bound`). `greedy`: the argmax
+    token at every step (held-out evaluation; seeds and temperature unused)."""
     import torch
 
     from swarmrl.inference.generation import greedy as argmax
 
     n = len(prompts)
+    envs = env if isinstance(env, list) else [env] * n
     comp: list[list[int]] = [[] for _ in range(n)]
     logps: list[list[float]] = [[] for _ in range(n)]
     mask: list[list[int]] = [[] for _ in range(n)]
@@ -100,10 +102,10 @@ def generate_trajectories(
             at = (offsets + t).to(logits.device)
             return gumbel_sample(logits, seed_t.to(logits.device), at, temperature, top_p)
 
-        def ends(r: int, tokens: list[int], room=room) -> bool:
+        def ends(r: int, tokens: list[int], room=room, rows=rows) -> bool:
             if len(tokens) >= room[r]:
                 return True  # this row's share of the budget
-            return env.ends(tokenizer.decode(tokens, skip_special_tokens=True))
+            return envs[rows[r]].ends(tokenizer.decode(tokens, skip_special_tokens=True))
 
         states = _TurnStates(backend.model) if proofs else None
         try:
@@ -129,7 +131,7 @@ def generate_trajectories(
             if c.finished or len(comp[i]) >= max_new_tokens:
                 finished[i] = c.finished
                 continue
-            answer = env.respond(tokenizer.decode(c.tokens, skip_special_tokens=True), turn[i])
+            answer = envs[i].respond(tokenizer.decode(c.tokens, skip_special_tokens=True), turn[i])
             if answer is None:
                 continue
             ids = tokenizer(answer, add_special_tokens=False)["input_ids"]

@@ -47,7 +47,7 @@ from typing import Protocol
 
 from swarmrl.config import RunConfig
 from swarmrl.device import describe, resolve_device
-from swarmrl.envs.environment import environment_of
+from swarmrl.envs.environment import bound, environment_of
 from swarmrl.errors import EXIT_REFUSED, UserError
 from swarmrl.inference.engine import make_engine, resolve_engine
 from swarmrl.inference.generation import Completion
@@ -109,8 +109,9 @@ def complete_with(cfg: RunConfig, backend, plan, tokenizer, env) -> list[Complet
         return backend.generate(prompts, seeds, s.max_new_tokens, s.temperature, s.top_p)
     if tokenizer is None:
         raise ValueError("a multi-turn completion needs the tokenizer")
+    envs = bound(env, [p.task for p in plan for _ in p.seeds])
     made = generate_trajectories(
-        backend, tokenizer, env, prompts, seeds, s.max_new_tokens, s.temperature, s.top_p
+        backend, tokenizer, envs, prompts, seeds, s.max_new_tokens, s.temperature, s.top_p
     )
     return [Completion(t.tokens, t.logprobs, t.finished, t.proofs, t.mask) for t in made]
 

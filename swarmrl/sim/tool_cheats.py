@@ -23,7 +23,7 @@ In a single-turn run every one of them is an honest worker.
 
 from __future__ import annotations
 
-from swarmrl.envs.environment import ToolEnvironment, environment_of
+from swarmrl.envs.environment import ToolEnvironment, bound, environment_of
 from swarmrl.envs.python_tool import PythonLimits
 from swarmrl.envs.tools import CalcLimits
 from swarmrl.inference import worker
@@ -53,6 +53,10 @@ class _Lying:
     def respond(self, span: str, turn: int) -> str | None:
         answer = self.env.respond(span, turn)
         return None if answer is None else forge(answer)
+
+    def bind(self, task) -> _Lying:
+        """Lying about a verifiers taskset's tools too (they answer per task)."""
+        return _Lying(bound(self.env, [task])[0])
 
 
 class ForgedToolResult(Cheat):
@@ -120,6 +124,7 @@ class EditedAfterTool(Cheat):
             if env is None or len(parts) < 3:
                 out.append(r)
                 continue
+            row_env = bound(env, [plan[r["group"]].task])[0]
             tokens = list(r["completion_tokens"])
             _, end, _ = parts[0]
             tokens[0] = _other_token(tokenizer, tokens[0])
@@ -127,8 +132,8 @@ class EditedAfterTool(Cheat):
             def text(ids):
                 return tokenizer.decode(ids, skip_special_tokens=True)
 
-            answer = env.respond(text(tokens[:end]), 0)
-            if answer is None or any(env.ends(text(tokens[:i])) for i in range(1, end)):
+            answer = row_env.respond(text(tokens[:end]), 0)
+            if answer is None or any(row_env.ends(text(tokens[:i])) for i in range(1, end)):
                 out.append(r)  # the edit moved or took away the call: nothing to pass off
                 continue
             ids = tokenizer(answer, add_special_tokens=False)["input_ids"]

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swarmrl.config import RunConfig
-from swarmrl.envs.environment import environment_of
+from swarmrl.envs.environment import bound, environment_of
 from swarmrl.inference.trajectory import replay
 from swarmrl.models.prompting import decode_completion
 from swarmrl.protocol.assign import parse_rollout_key
@@ -154,7 +154,7 @@ def check_without_model(ctx: Context, key: str, data: bytes) -> tuple[dict, list
     _check_identity(ctx, info, rows)
     plan = _check_assignment(ctx, info, rows)
     _check_termination(ctx, rows)
-    info["unverifiable"] = _check_environment(ctx, rows)
+    info["unverifiable"] = _check_environment(ctx, rows, plan)
     _check_rewards(ctx, rows, plan)
     return info, rows
 
@@ -233,7 +233,7 @@ def _check_termination(ctx: Context, rows: list[dict]) -> None:
     _failing("termination", "end neither on EOS nor at the length limit", cut, len(rows))
 
 
-def _check_environment(ctx: Context, rows: list[dict]) -> Reject | None:
+def _check_environment(ctx: Context, rows: list[dict], plan) -> Reject | None:
     """Replay every trajectory (a run with `[env]`): the first sample that fails names
     the check, termination or environment, and why. Returns the `unverifiable`
     refusal, if any, for the caller to raise last."""
@@ -244,8 +244,9 @@ def _check_environment(ctx: Context, rows: list[dict]) -> Reject | None:
     failed: dict[str, list[int]] = {}
     why: dict[str, str] = {}
     for i, r in enumerate(rows):
+        row_env = bound(env, [plan[r["group"]].task])[0]  # a taskset's tools answer per task
         got = replay(
-            env, ctx.tokenizer, r["completion_tokens"], r["completion_mask"], ctx.eos_id, limit
+            row_env, ctx.tokenizer, r["completion_tokens"], r["completion_mask"], ctx.eos_id, limit
         )
         if got is not None:
             failed.setdefault(got[0], []).append(i)

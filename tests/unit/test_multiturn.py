@@ -48,7 +48,7 @@ class Echo:
 def echo_run(random_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("multiturn")
     cfg = small_run(tmp, random_model_dir, 'env.kind="tools"', "env.max_turns=3")
-    key = cfg.env.model_dump_json()
+    key = environment_module.built_key(cfg)
     had = environment_module._BUILT.get(key)
     environment_module._BUILT[key] = Echo()
     yield cfg, tmp, make_judge(cfg, tmp), Maker(cfg, tmp, name="worker")
@@ -130,7 +130,7 @@ def test_an_unsettled_answer_is_refused_as_such_only_when_nothing_else_is_wrong(
     answer the validator cannot settle is refused as `unverifiable` (blameless); the
     same doubt beside a model span edited after the tool answered is `sampling`."""
     cfg, tmp, judge, maker = echo_run
-    env_key = cfg.env.model_dump_json()
+    env_key = environment_module.built_key(cfg)
     environment_module._BUILT[env_key] = Unsettled()
     try:
         unsettled = maker.file()

@@ -166,15 +166,16 @@ def test_the_validator_raises_an_unsettled_answer_only_when_nothing_else_fails()
 
     def row(*parts):
         tokens, mask = _trajectory(*parts)
-        return {"completion_tokens": tokens, "completion_mask": mask}
+        return {"completion_tokens": tokens, "completion_mask": mask, "group": 0}
 
     clock = "<python>print(id(object()))</python>"  # an address: differs run to run
     unsettled = row((clock, 1), ("<result>2026-01-01\n</result>\n", 0), ("x", 1))
     honest = row(("<calc>2+2</calc>", 1), ("<result>4</result>\n", 0), ("x", 1))
     forged = row(("<calc>2+2</calc>", 1), ("<result>5</result>\n", 0), ("x", 1))
-    doubt = _check_environment(ctx, [honest, unsettled])
+    plan = [SimpleNamespace(task=None)]  # the built-in tools answer alike for every task
+    doubt = _check_environment(ctx, [honest, unsettled], plan)
     assert doubt is not None and doubt.check == "unverifiable" and doubt.samples == [1]
-    assert _check_environment(ctx, [honest, honest]) is None
+    assert _check_environment(ctx, [honest, honest], plan) is None
     with pytest.raises(Reject) as e:
-        _check_environment(ctx, [unsettled, forged])
+        _check_environment(ctx, [unsettled, forged], plan)
     assert e.value.check == "environment" and e.value.samples == [1]

@@ -17,13 +17,16 @@ process (tasks/graders/checker.py) that loads the taskset once and is bounded by
 `TIMEOUT_S` per completion, so a reward function that hangs on a hostile
 completion costs that long and scores 0.
 
-Supported: single-turn tasksets whose rewards need only the trace. Refused with
-an error that says why (a run cannot grade them faithfully offline):
-environments with their own `Env` or `Harness` (multi-turn or agentic
-episodes), tool sets, containers or sandboxes, setup/finalize steps, stop or
-intercept hooks, rewards that need a runtime, LLM judges (they call a hosted
-service), infinite tasksets, and prompts that already hold assistant or tool
-turns. Nothing here calls a model or a hosted service; a taskset's own
+Supported: tasksets whose rewards need only the trace, single-turn, or with
+tools the model calls (`[env] kind = "verifiers"`, envs/verifiers_tools.py: the
+prompt then lists the tools before the question, and the trace holds the tool
+turns and the tools' state). Refused with an error that says why (a run cannot
+grade them faithfully offline): environments with their own `Env` or `Harness`
+(multi-turn or agentic episodes), toolsets that cannot run in-process per
+trajectory (`tool_problems`), containers or sandboxes, setup/finalize steps,
+stop or intercept hooks, rewards that need a runtime, LLM judges (they call a
+hosted service), infinite tasksets, and prompts that already hold assistant or
+tool turns. Nothing here calls a model or a hosted service; a taskset's own
 `load()` or reward code is the user's, and may.
 """
 
@@ -101,8 +104,9 @@ def unsupported(vf, module, env: str, taskset, task) -> list[str]:
         for n in getattr(module, "__all__", [])
     ):
         why.append("it has its own harness (an agent program)")
-    if type(taskset).toolsets(taskset.config) or type(task).toolsets(task.config):
-        why.append("it uses tools")
+    if type(taskset).toolsets(taskset.config):
+        why.append("it has tools shared by the whole taskset (one server for every rollout)")
+    why += tool_problems(vf, type(task).toolsets(task.config))
     if type(task).NEEDS_CONTAINER:
         why.append("it needs a container")
     for hook in ("setup", "finalize", "stage_verifier"):
@@ -119,6 +123,53 @@ def unsupported(vf, module, env: str, taskset, task) -> list[str]:
     if not task.hooks("reward"):
         why.append("it defines no reward")
     return why
+
+
+def tool_problems(vf, toolsets) -> list[str]:
+    """What keeps a task's toolsets from running in-process, offline, per trajectory
+    (envs/verifiers_tools.py)."""
+    from verifiers.v1.runtimes import SubprocessConfig
+
+    why = []
+    for ts in toolsets:
+        name = type(ts).__name__
+        if not isinstance(ts, vf.Toolset):
+            why.append(f"its tool server {name} is not a vf.Toolset of @vf.tool methods")
+            continue
+        for hook in ("setup", "register"):
+            if getattr(type(ts), hook) is not getattr(vf.Toolset, hook):
+                why.append(f"its toolset {name} overrides {hook}()")
+        cfg = ts.config
+        if getattr(cfg, "url", None):
+            why.append(f"its toolset {name} is a remote server ({cfg.url})")
+        if not isinstance(getattr(cfg, "runtime", SubprocessConfig()), SubprocessConfig):
+            why.append(f"its toolset {name} runs in a {type(cfg.runtime).__name__} runtime")
+    return why
+
+
+def task_row(info: dict):
+    """The verifiers Task of a swarmrl task's `verification_info`."""
+    return _load(info["env"], json.dumps(info["args"], sort_keys=True))[info["row"]]
+
+
+def has_tools(env: str, args: dict) -> bool:
+    """Whether the taskset's tasks have tools (`[env] kind = "verifiers"` runs them)."""
+    task = _load(env, json.dumps(args, sort_keys=True))[0]
+    return bool(type(task).toolsets(task.config))
+
+
+_TOOL_PROMPTS: dict[tuple[type, str], str] = {}
+
+
+def _tool_prompt(task) -> str:
+    """The prompt's list of the task's tools (the same for every task of its class
+    and config)."""
+    from swarmrl.envs.verifiers_tools import ToolSession, tool_prompt
+
+    key = (type(task), task.config.model_dump_json())
+    if key not in _TOOL_PROMPTS:
+        _TOOL_PROMPTS[key] = tool_prompt(ToolSession(task, setup=False).schemas())
+    return _TOOL_PROMPTS[key]
 
 
 def _row_problems(task) -> list[str]:
@@ -153,7 +204,10 @@ def records(cfg: TaskConfig) -> list[Task]:
     rows = _load(cfg.env, args)
     out = []
     for i, task in enumerate(rows):
-        prompt = "\n\n".join(text for _, text in _messages(task))
+        parts = [text for _, text in _messages(task)]
+        if type(task).toolsets(task.config):  # the tools and how to call them, before the question
+            parts.insert(len(parts) - 1, _tool_prompt(task))
+        prompt = "\n\n".join(parts)
         rid = task.data.id or str(i)
         out.append(
             Task(
@@ -168,30 +222,68 @@ def records(cfg: TaskConfig) -> list[Task]:
 
 
 def _trace(verifiers, vf, task, completion: str):
+    """The trace the taskset's rewards read: the prompt's messages, then the
+    completion as one assistant message, or, for a task with tools, its turns (each
+    call an assistant message with `tool_calls`, its output a tool message) and the
+    tools' state after them."""
     from verifiers.v1.state import state_cls
 
+    from swarmrl.envs.verifiers_tools import split_turns
+
+    replies: list = [vf.AssistantMessage(content=completion)]
+    state = state_cls(type(task))()
+    if type(task).toolsets(task.config):
+        turns, state = split_turns(task, completion)
+        replies = []
+        for k, (text, call, output) in enumerate(turns):
+            calls = None
+            if call is not None:
+                parsed = _call_parts(call)
+                calls = [vf.ToolCall(id=f"call_{k}", name=parsed[0], arguments=parsed[1])]
+            replies.append(vf.AssistantMessage(content=text, tool_calls=calls))
+            if output is not None:
+                replies.append(vf.ToolMessage(tool_call_id=f"call_{k}", content=output))
     trace = vf.Trace(
         verifiers=vf.VersionInfo(version=verifiers.__version__),
         task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
         agent=vf.AgentInfo(config=vf.AgentConfig(), name="swarmrl", trainable=False),
-        state=state_cls(type(task))(),
+        state=state,
     )
     parent = None
     kinds = {"system": vf.SystemMessage, "user": vf.UserMessage}
     for role, text in _messages(task):
         trace.nodes.append(vf.MessageNode(parent=parent, message=kinds[role](content=text)))
         parent = len(trace.nodes) - 1
-    reply = vf.AssistantMessage(content=completion)
-    trace.nodes.append(vf.MessageNode(parent=parent, message=reply, sampled=True))
+    for reply in replies:
+        sampled = reply.role == "assistant"
+        trace.nodes.append(vf.MessageNode(parent=parent, message=reply, sampled=sampled))
+        parent = len(trace.nodes) - 1
     trace.stop("agent_completed")
     trace.ok = True
     return trace
 
 
-def _score(request: list) -> float | bool:
+def _call_parts(call: str) -> tuple[str, str]:
+    """(name, arguments as JSON) of a call's text, as a chat API's tool_calls hold them
+    (a malformed call keeps its text as the arguments)."""
+    try:
+        got = json.loads(call)
+        return str(got["name"]), json.dumps(got.get("arguments", {}), sort_keys=True)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "", call
+
+
+def _score(request: list) -> float | bool | list[str]:
     if request[0] == "load":  # a warm-up: load the taskset before the first timed score
         _load(request[1], json.dumps(request[2], sort_keys=True))
         return True
+    if request[0] == "tools":  # the outputs of a trajectory's calls (envs/verifiers_tools.py)
+        from swarmrl.envs.verifiers_tools import run_calls
+
+        try:
+            return run_calls(task_row(request[1]), request[2])
+        except Exception as e:  # recovered: a toolset that cannot start answers every call so
+            return [f"error: the tools could not start: {type(e).__name__}"] * len(request[2])
     info, completion = request
     verifiers, vf = _import()
     task = _load(info["env"], json.dumps(info["args"], sort_keys=True))[info["row"]]
