@@ -15,25 +15,29 @@ prompt lists the tools with their JSON schemas and says how to call them
 (`tool_prompt`), so a model without such a template can learn the form too.
 
 Every trajectory gets fresh toolset objects (their `setup_task` hook run for
-its task), so a stateful toolset keeps its state per trajectory, as verifiers
-keeps it per rollout; the task's rewards read it as `trace.state`. The
-answer to a call is a function of the task and the calls before it: a worker
-and a validator replay the same calls on fresh toolsets and get the same text
-(`run_calls`). Messages are swarmrl's own, with no library version in them (a
-pydantic error text names its version; a validator on another would take an
-honest answer for a forgery): a malformed call, an unknown tool, arguments that
-do not fit the tool's signature (each field and pydantic's error type), and an
-exception in the tool (its type and message).
+its task, one event loop for their async code), so a stateful toolset keeps its
+state per trajectory, as verifiers keeps it per rollout; the task's rewards read
+it as `trace.state`. The answer to a call is a function of the task and the
+calls before it: a worker and a validator replay the same calls on fresh
+toolsets and get the same text (`run_calls`). Messages are swarmrl's own, with
+no library version, address or path in them (a validator on another machine
+would take an honest difference for a forgery): a malformed call, an unknown
+tool, arguments that do not fit the tool's signature (each field and pydantic's
+error type), and an exception in the tool (its type only). The prompt's schemas
+are written here from the signatures, not by pydantic, whose output changes
+between versions.
 
-The calls run in the taskset's checker process (tasks/sources/environments.py),
-bounded by `env.tool_timeout_s` per answer; a call past it is answered
-`error: time limit`, which a validator cannot vouch for (a slower machine), so a
-file whose answer differs there is refused as unverifiable, not as a forgery.
+The calls run in a checker process of their own (tasks/graders/checker.py, with
+the taskset's module), bounded by `env.tool_timeout_s` per answer. A call past
+it is answered `error: time limit`, and one whose process died `error: the
+tools' process died`; a validator cannot vouch for either (machines differ in
+speed and memory), so a file whose answer differs there is refused as
+unverifiable, not as a forgery (`BoundTools.doubt`).
 
 Refused, with the reason (tasks/sources/environments.py: `tool_problems`):
 toolsets shared by the whole taskset (one server for every rollout), toolsets
-with their own `setup` or `register`, a `url` (a remote server) or a runtime
-other than a local subprocess.
+with their own `setup` or `register`, a `url` (a remote server), a runtime other
+than a local subprocess, and a `toolsets()` that hands back the same object twice.
 """
 
 from __future__ import annotations
@@ -46,9 +50,11 @@ from typing import Any
 
 from swarmrl.envs.tools import RESULT_CHARS
 
-CALL = re.compile(r"<tool_call>(.*?)</tool_call>\s*\Z", re.DOTALL)
-ANY_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+OPEN, CLOSE, RESPONSE = "<tool_call>", "</tool_call>", "<tool_response>"
+# a span ends with a close tag (and blanks); its call starts at the last open tag before it
+CALL = re.compile(r"<tool_call>((?:(?!<tool_call>).)*?)</tool_call>\s*\Z", re.DOTALL)
 TIME_LIMIT = "error: time limit"
+DIED = "error: the tools' process died"  # killed (memory) or ended by the tool itself
 
 
 def call_at_end(text: str) -> str | None:
@@ -66,31 +72,36 @@ def response_text(output: str) -> str:
 
 
 class ToolSession:
-    """One trajectory's tools: fresh toolset objects of `task` (a verifiers Task)."""
+    """One trajectory's tools: fresh toolset objects of `task` (a verifiers Task),
+    with one event loop for their async hooks and tools."""
 
     def __init__(self, task, setup: bool = True):
         from verifiers.v1.utils.decorators import discover_decorated
 
         self.task = task
+        self.loop = asyncio.new_event_loop()
         self.toolsets = list(type(task).toolsets(task.config))
         self.tools: dict[str, tuple[Any, Any]] = {}  # name -> (bound method, arguments model)
         for ts in self.toolsets:
             if setup and type(ts).setup_task is not _base_setup_task():
-                asyncio.run(ts.setup_task(task))
+                self._finish(ts.setup_task(task))
             prefix = ts.server_name
             for fn in discover_decorated(ts, "tool"):
                 name = getattr(fn, "tool_name", None) or fn.__name__
                 self.tools[f"{prefix}_{name}" if prefix else name] = (fn, _arguments_model(fn))
 
+    def _finish(self, got):
+        return self.loop.run_until_complete(got) if inspect.isawaitable(got) else got
+
+    def close(self) -> None:
+        self.loop.close()
+
     def schemas(self) -> list[dict]:
-        """The tools as chat APIs list them: name, description, JSON schema."""
-        out = []
-        for name, (fn, model) in self.tools.items():
-            params = model.model_json_schema()
-            params.pop("title", None)
-            out.append({"name": name, "description": (fn.__doc__ or "").strip(),
-                        "parameters": params})  # fmt: skip
-        return out
+        """The tools as chat APIs list them: name, description, and a JSON schema
+        written here from the signature (pydantic's own differs between versions,
+        and every node must build the same prompt)."""
+        return [{"name": name, "description": inspect.cleandoc(fn.__doc__ or ""),
+                 "parameters": _schema(fn)} for name, (fn, _) in self.tools.items()]  # fmt: skip
 
     def call(self, text: str) -> str:
         """The output of the call written `text` (the JSON between the tags)."""
@@ -119,12 +130,15 @@ class ToolSession:
             )
             return f"error: invalid arguments for {name}: {fields}"
         try:
-            got = fn(**{k: getattr(args, k) for k in type(args).model_fields})
-            if inspect.isawaitable(got):
-                got = asyncio.run(got)
-        except Exception as e:  # recovered: the tool's own failure is its answer
-            return f"error: {type(e).__name__}: {e}"
-        return _as_text(got)
+            return _as_text(
+                self._finish(fn(**{k: getattr(args, k) for k in type(args).model_fields}))
+            )
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # recovered: the tool's failure is its answer (SystemExit too)
+            # the type only: a message can hold addresses, paths and versions, which
+            # differ between nodes, and a validator would take the difference for a forgery
+            return f"error: the tool raised {type(e).__name__}"
 
     def state(self):
         """The task's state after the calls (every toolset's fields, in order)."""
@@ -142,18 +156,46 @@ def _base_setup_task():
     return ServerBase.setup_task
 
 
+def _parameters(fn) -> list[inspect.Parameter]:
+    return [
+        p
+        for p in inspect.signature(fn, eval_str=True).parameters.values()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+
+
 def _arguments_model(fn):
     """A pydantic model of `fn`'s parameters (lax, as MCP validates them; extra keys
     are ignored)."""
     from pydantic import create_model
 
     fields = {}
-    for p in inspect.signature(fn, eval_str=True).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
+    for p in _parameters(fn):
         annotation = Any if p.annotation is p.empty else p.annotation
         fields[p.name] = (annotation, ... if p.default is p.empty else p.default)
     return create_model(f"{fn.__name__}_arguments", **fields)
+
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean",
+               list: "array", tuple: "array", dict: "object"}  # fmt: skip
+
+
+def _schema(fn) -> dict:
+    """The JSON schema of `fn`'s arguments: each parameter's JSON type where its
+    annotation is a plain one (int, float, str, bool, list, tuple, dict, or one of
+    these parametrised), its default, and which are required."""
+    import typing
+
+    props, required = {}, []
+    for p in _parameters(fn):
+        kind = typing.get_origin(p.annotation) or p.annotation
+        prop = {"type": _JSON_TYPES[kind]} if kind in _JSON_TYPES else {}
+        if p.default is p.empty:
+            required.append(p.name)
+        elif isinstance(p.default, int | float | str | bool) or p.default is None:
+            prop["default"] = p.default
+        props[p.name] = prop
+    return {"type": "object", "properties": props, "required": required}
 
 
 def _as_text(got) -> str:
@@ -172,30 +214,51 @@ def _as_text(got) -> str:
 def run_calls(task, calls: list[str]) -> list[str]:
     """Each call's output, on fresh toolsets of `task`, in order."""
     session = ToolSession(task)
-    return [session.call(c) for c in calls]
+    try:
+        return [session.call(c) for c in calls]
+    finally:
+        session.close()
 
 
 def split_turns(task, text: str) -> tuple[list[tuple[str, str | None, str | None]], Any]:
     """A trajectory's text as turns (the model's text, its call, the tool's output),
-    replayed on fresh toolsets, and the task's state after them. A call without its
-    answer after it (the turn limit or the length budget ended the trajectory) is the
-    last turn, with output None."""
+    replayed on fresh toolsets, and the task's state after them.
+
+    The generation rule read from the text: a span ends at a `</tool_call>` (and the
+    blanks after it) that the environment's `<tool_response>` follows, and its call
+    starts at the last `<tool_call>` before it. A close tag with more model text after
+    it (a token that held both) did not end the span. A call at the very end of the
+    text was not answered (the turn limit or the budget ended the trajectory there):
+    it is the last turn, with output None, and is not run. So is a call followed by
+    an answer its tool does not give."""
     session = ToolSession(task)
-    turns, pos = [], 0
-    while True:
-        m = ANY_CALL.search(text, pos)
-        if m is None:
-            turns.append((text[pos:], None, None))
-            break
-        output = session.call(m.group(1))
-        answer = response_text(output)
-        gap = len(text[m.end() :]) - len(text[m.end() :].lstrip())
-        if not text.startswith(answer, m.end() + gap):
-            turns.append((text[pos : m.start()], m.group(1), None))
-            break
-        turns.append((text[pos : m.start()], m.group(1), output))
-        pos = m.end() + gap + len(answer)
-    return turns, session.state()
+    try:
+        turns, pos, scan = [], 0, 0
+        while True:
+            close = text.find(CLOSE, scan)
+            if close < 0:
+                turns.append((text[pos:], None, None))
+                break
+            end = close + len(CLOSE)
+            gap = len(text) - end - len(text[end:].lstrip())
+            start = text.rfind(OPEN, pos, close)
+            if start < 0 or (end + gap < len(text) and not text.startswith(RESPONSE, end + gap)):
+                scan = end  # not a call that ended a span
+                continue
+            call = text[start + len(OPEN) : close]
+            if end + gap == len(text):
+                turns.append((text[pos:start], call, None))
+                break
+            output = session.call(call)
+            answer = response_text(output)
+            if not text.startswith(answer, end + gap):
+                turns.append((text[pos:start], call, None))
+                break
+            turns.append((text[pos:start], call, output))
+            pos = scan = end + gap + len(answer)
+        return turns, session.state()
+    finally:
+        session.close()
 
 
 def tool_prompt(schemas: list[dict]) -> str:
@@ -243,10 +306,15 @@ class VerifiersEnvironment:
         self.checker.warm(["load", info["env"], info["args"]])  # loading is not a call's time
         return BoundTools(self, info)
 
-    def outputs(self, info: dict, calls: list[str]) -> list[str] | None:
-        """The outputs of `calls` in order on fresh toolsets of the row (None: they
-        took longer than the time limit)."""
-        return self.checker.call(["tools", info, calls])
+    def outputs(self, info: dict, calls: list[str]) -> list[str] | str:
+        """The outputs of `calls` in order on fresh toolsets of the row, or, when
+        there are none, why: TIME_LIMIT (they took longer than the limit) or DIED."""
+        got = self.checker.call(["tools", info, calls])
+        if got is None:
+            return DIED if self.checker.crashed else TIME_LIMIT
+        if not isinstance(got, list) or len(got) != len(calls):
+            return DIED  # not an answer of ours: the child is not to be trusted
+        return got
 
 
 class BoundTools:
@@ -255,6 +323,7 @@ class BoundTools:
     def __init__(self, env: VerifiersEnvironment, info: dict):
         self.env, self.info = env, info
         self.calls: list[str] = []  # the call of each model span so far, by turn
+        self.failed: dict[int, str] = {}  # turns whose tools gave no output, and why
 
     def ends(self, model_span: str) -> bool:
         return call_at_end(model_span) is not None
@@ -267,34 +336,49 @@ class BoundTools:
             return None
         self.calls = self.calls[:turn] + [call]
         got = self.env.outputs(self.info, self.calls)
-        return response_text(TIME_LIMIT if got is None else got[-1])
+        self.failed.pop(turn, None)
+        if isinstance(got, str):
+            self.failed[turn] = got
+            return response_text(got)
+        return response_text(got[-1])
 
     def doubt(self, model_span: str, turn: int, answer: str, claimed: str) -> str | None:
         """Why the file's span `claimed` may differ from `answer` through no fault of
-        the worker: the tools ran into their time limit on either side, or answer
-        differently here on a second run."""
-        limit = response_text(TIME_LIMIT)
-        if answer == limit or claimed == limit:
-            return "the taskset's tools ran into their time limit (on the worker or here)"
+        the worker: the tools ran out of time or their process died, here (known out
+        of band, not from the text) or on the worker (its text says so), or they
+        answer differently on a second run in a fresh process."""
+        if turn in self.failed or claimed in (response_text(TIME_LIMIT), response_text(DIED)):
+            return (
+                "the taskset's tools ran out of time or their process died (on the worker or here)"
+            )
+        self.env.checker.close()  # the second run in a fresh process: its state counts too
         if self.respond(model_span, turn) != answer:
             return "the taskset's tools answer differently on a second run"
         return None
 
 
 def check_deterministic(env: VerifiersEnvironment, info: dict, schemas: list[dict]) -> None:
-    """Refuse tools whose answers to the same probe calls differ between two runs."""
+    """Refuse tools whose answers to the same probe calls differ: run twice in one
+    checker process (state a call leaves behind, in a module or class, shows) and once
+    in a fresh one (what differs between processes shows)."""
     from swarmrl.errors import ConfigError
 
     probes = probe_calls(schemas)
-    first, second = env.outputs(info, probes), env.outputs(info, probes)
-    if first is None or second is None:
-        raise ConfigError(
-            f"the taskset's tools did not answer the probe calls {probes} within "
-            f"env.tool_timeout_s ({env.checker.timeout_s} s)"
-        )
-    for probe, a, b in zip(probes, first, second, strict=True):
-        if a != b:
+    runs = [env.outputs(info, probes), env.outputs(info, probes)]
+    env.checker.close()
+    runs.append(env.outputs(info, probes))
+    for got in runs:
+        if isinstance(got, str):
             raise ConfigError(
-                f"the taskset's tools are not deterministic: {probe} was answered {a!r} and "
-                f"then {b!r}; a validator could not recompute their answers"
+                f"the taskset's tools gave no answer to the probe calls {probes} ({got}; "
+                f"env.tool_timeout_s is {env.checker.timeout_s} s)"
+            )
+    for k, probe in enumerate(probes):
+        answers = [got[k] for got in runs]
+        if len(set(answers)) > 1:
+            where = "in one process" if answers[0] != answers[1] else "in a fresh process"
+            raise ConfigError(
+                f"the taskset's tools are not deterministic: {probe} was answered "
+                f"{answers[0]!r} and then {answers[1] if answers[0] != answers[1] else answers[2]!r} "
+                f"{where}; a validator could not recompute their answers"
             )

@@ -208,6 +208,11 @@ def replay(
             room = b + len(tokenizer(answer, add_special_tokens=False)["input_ids"])
             if room >= max_new_tokens:
                 return pending  # the answer would not fit with one more token
+            # the worker's answer, which it did not write, may not have fit where this one does
+            doubt = getattr(env, "doubt", None)
+            why = doubt and doubt(text(span), turn, answer, "")
+            if why:
+                return pending or ("unverifiable", f"turn {turn}: {why}")
             return "environment", f"turn {turn}: the trajectory stops where the environment answers"
         if not called:
             return "termination", f"turn {turn}: a model span ends with no tool call to end it"

@@ -14,7 +14,7 @@ from bench.rollout_files import Maker, issued, make_judge, small_run
 from swarmrl.config import TaskConfig, load_config
 from swarmrl.envs import environment as environment_module
 from swarmrl.envs.environment import environment_of
-from swarmrl.envs.verifiers_tools import TIME_LIMIT, VerifiersEnvironment, response_text
+from swarmrl.envs.verifiers_tools import DIED, TIME_LIMIT, VerifiersEnvironment, response_text
 from swarmrl.errors import ConfigError
 from swarmrl.protocol.rollouts import read_rollouts, write_rollouts
 from swarmrl.tasks.graders.registry import verify
@@ -33,7 +33,7 @@ RUN = ["task.name=verifiers", 'task.env="swarmrl-tools-env"', "task.env_args={co
 # test tasksets, written to a directory on the path of this process and its checkers
 MODULES = {
     "swarmrl_test_tools_misc": """
-        import random, time
+        import os, random, time
         import verifiers.v1 as vf
 
         class Odd(vf.Toolset[vf.ToolsetConfig]):
@@ -56,7 +56,25 @@ MODULES = {
             @vf.tool
             def fail(self) -> str:
                 \"\"\"Raises.\"\"\"
-                raise ValueError("no luck")
+                raise ValueError(f"no luck at {object()}")
+
+            @vf.tool
+            def chatty(self) -> str:
+                \"\"\"Prints before it answers.\"\"\"
+                print("a line the tool prints", {"x": 1})
+                return "quiet"
+
+            @vf.tool
+            def leave(self) -> str:
+                \"\"\"Asks the interpreter to exit.\"\"\"
+                raise SystemExit(2)
+
+            @vf.tool
+            def die(self) -> str:
+                \"\"\"Ends its process at once.\"\"\"
+                os._exit(3)
+
+        SHARED = Slow(vf.ToolsetConfig())
 
         class D(vf.TaskData):
             answer: int = 0
@@ -67,6 +85,8 @@ MODULES = {
         class T(vf.Task[D, vf.State, C]):
             @classmethod
             def toolsets(cls, config):
+                if config.which == "cached":
+                    return [SHARED]
                 return [Odd(vf.ToolsetConfig())] if config.which == "odd" else [Slow(vf.ToolsetConfig())]
 
             @vf.reward
@@ -262,19 +282,82 @@ def test_shared_and_remote_toolsets_are_refused_with_the_reason():
     assert "remote server (http://127.0.0.1:9/mcp)" in str(e.value)
 
 
-def test_a_tool_past_its_time_limit_is_answered_so_and_cannot_be_settled():
-    cfg = TaskConfig(name="verifiers", env="swarmrl-test-tools-misc",
-                     env_args={"task": {"which": "slow"}})  # fmt: skip
-    task = TaskSource(cfg, 0).get("train", 0)
-    env = VerifiersEnvironment(max_turns=4, timeout_s=1.0)
+SLOW = TaskConfig(name="verifiers", env="swarmrl-test-tools-misc",
+                  env_args={"task": {"which": "slow"}})  # fmt: skip
+
+
+def test_a_tool_past_its_time_limit_or_whose_process_dies_cannot_be_settled():
+    task = TaskSource(SLOW, 0).get("train", 0)
+    env = VerifiersEnvironment(max_turns=8, timeout_s=1.0)
     tools = env.bind(task)
     assert tools.respond(call("wait", seconds=0), 0) == response_text("done")
-    assert tools.respond(call("fail"), 1) == response_text("error: ValueError: no luck")
+    # a tool's exception is answered by its type only: its message here holds an address
+    assert tools.respond(call("fail"), 1) == response_text("error: the tool raised ValueError")
+    assert tools.respond(call("leave"), 2) == response_text("error: the tool raised SystemExit")
     slow = call("wait", seconds=5)
-    late = tools.respond(slow, 2)
+    late = tools.respond(slow, 3)
     assert late == response_text(TIME_LIMIT)
     # a worker that got "done" where this validator ran out of time is not called a forger
-    assert "time limit" in tools.doubt(slow, 2, late, response_text("done"))
+    assert "ran out of time" in tools.doubt(slow, 3, late, response_text("done"))
+    dying = env.bind(task)
+    assert dying.respond(call("die"), 0) == response_text(DIED)
+    assert "died" in dying.doubt(call("die"), 0, response_text(DIED), response_text("ok"))
     fast = env.bind(task)
     assert fast.doubt(call("wait", seconds=0), 0, response_text("done"), "x") is None
     env.checker.close()
+
+
+def test_what_a_tool_prints_does_not_shift_the_answers():
+    task = TaskSource(SLOW, 0).get("train", 0)
+    env = VerifiersEnvironment(max_turns=8, timeout_s=5.0)
+    tools = env.bind(task)
+    assert tools.respond(call("chatty"), 0) == response_text("quiet")
+    assert tools.respond(call("wait", seconds=0), 1) == response_text("done")
+    assert env.bind(task).respond(call("wait", seconds=0), 0) == response_text("done")
+    env.checker.close()
+
+
+def test_a_trajectory_cut_where_the_validator_ran_out_of_time_is_not_a_forgery():
+    """The worker's answer did not fit in the budget, so its trajectory ends at the
+    call; this validator's tools ran out of time, and its short answer would fit:
+    unverifiable, not `environment`."""
+    from swarmrl.inference.trajectory import replay
+    from swarmrl.models.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    task = TaskSource(SLOW, 0).get("train", 0)
+    env = VerifiersEnvironment(max_turns=4, timeout_s=1.0)
+    ids = tok(call("wait", seconds=5), add_special_tokens=False)["input_ids"]
+    got = replay(env.bind(task), tok, ids, [1] * len(ids), tok.eos_token_id, len(ids) + 60)
+    assert got is not None and got[0] == "unverifiable", got
+    quick = tok(call("wait", seconds=0), add_special_tokens=False)["input_ids"]
+    got = replay(env.bind(task), tok, quick, [1] * len(quick), tok.eos_token_id, len(quick) + 60)
+    assert got is not None and got[0] == "environment", got  # "done" fits, and was left out
+    env.checker.close()
+
+
+def test_toolsets_that_are_not_fresh_per_trajectory_are_refused():
+    cfg = TaskConfig(name="verifiers", env="swarmrl-test-tools-misc",
+                     env_args={"task": {"which": "cached"}})  # fmt: skip
+    with pytest.raises(TaskError, match="the same object on every call of toolsets"):
+        TaskSource(cfg, 0)
+
+
+def test_an_unanswered_last_call_is_not_run_for_the_reward():
+    from swarmrl.envs.verifiers_tools import split_turns
+    from swarmrl.tasks.sources.environments import task_row
+
+    task = TaskSource(TOOLS, 0).get("train", 1)
+    row = task_row(task.verification_info)
+    a, b = factors(task)
+    turns, state = split_turns(row, f"I will call. {call('multiply', a=a, b=b)}")
+    assert turns == [
+        ("I will call. ", json.dumps({"name": "multiply", "arguments": {"a": a, "b": b}}), None)
+    ]
+    assert state.calls == 0 and state.products == []
+    # a close tag with the model's own text after it did not end a span
+    text = (
+        f"{call('multiply', a=1, b=2)}more{call('multiply', a=a, b=b)}{response_text(str(a * b))}ok"
+    )
+    turns, state = split_turns(row, text)
+    assert [t[2] for t in turns] == [str(a * b), None] and state.calls == 1

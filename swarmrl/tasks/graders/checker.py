@@ -8,12 +8,18 @@ the bound that always holds. The child is `python -m <module>`; the module's
 `serve(handler)` loop reads one JSON request per line and writes one JSON
 answer per line, after a first "ready" line. It starts on first use, once per
 grading process (a worker, a validator), and serves one request at a time.
+
+The answers travel on a descriptor of their own: what the graded code prints
+goes to stderr, so it cannot shift the stream of answers. The child runs with a
+fixed hash seed, so the order of a set of strings is the same in every child on
+every node.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -31,12 +37,14 @@ class CheckerProcess:
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
         self.timeouts = 0
+        self.crashed = False  # the last call's child died instead of answering
         self.warmups: list = []  # requests every fresh child answers first (loading data)
 
     def _start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )  # fmt: skip
         if self._read(START_TIMEOUT_S) != "ready":
             self.close()
@@ -72,21 +80,32 @@ class CheckerProcess:
         reader.join(timeout_s)
         if not got or not got[0]:
             return None
-        return json.loads(got[0])
+        try:
+            return json.loads(got[0])
+        except ValueError:  # not an answer of serve(): the child is not to be trusted
+            return None
 
     def call(self, request):
         """The child's answer to `request`, or None if it gave none within the time
-        limit (the child is then killed; the next call starts a fresh one)."""
+        limit or died first (`crashed` says which; the child is then killed, and the
+        next call starts a fresh one)."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 self._start()
             self._send(request)
             got = self._read(self.timeout_s)
+            self.crashed = False
             if got is None:
+                try:  # a dead child's end of stream can come before its exit status
+                    self.proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+                self.crashed = self.proc.returncode is not None
                 self.timeouts += 1
                 log.warning(
-                    "%s: no answer within %.1f s; checker restarted", self.module, self.timeout_s
-                )
+                    "%s: %s; checker restarted", self.module,
+                    "the child died" if self.crashed else f"no answer within {self.timeout_s:.1f} s",
+                )  # fmt: skip
                 self.close()
             return got
 
@@ -98,7 +117,11 @@ class CheckerProcess:
 
 
 def serve(handler: Callable) -> None:
-    """The child's loop: "ready", then one `handler(request)` answer per request."""
-    print(json.dumps("ready"), flush=True)
+    """The child's loop: "ready", then one `handler(request)` answer per request, on
+    the original stdout; the handler's own prints go to stderr."""
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    print(json.dumps("ready"), file=answers, flush=True)
     for line in sys.stdin:
-        print(json.dumps(handler(json.loads(line))), flush=True)
+        print(json.dumps(handler(json.loads(line))), file=answers, flush=True)

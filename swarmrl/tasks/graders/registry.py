@@ -89,6 +89,10 @@ def configure(cfg) -> None:
     from swarmrl.tasks.graders.code import configure as configure_code
 
     configure_code(cfg.code)
+    if cfg.env.kind == "verifiers":  # scoring replays the trajectory's tool calls too
+        from swarmrl.tasks.sources.environments import TIMEOUT_S, set_score_timeout
+
+        set_score_timeout(TIMEOUT_S + cfg.env.max_turns * cfg.env.tool_timeout_s)
 
 
 def verify(task: Task, completion: str) -> float:

@@ -106,7 +106,7 @@ def unsupported(vf, module, env: str, taskset, task) -> list[str]:
         why.append("it has its own harness (an agent program)")
     if type(taskset).toolsets(taskset.config):
         why.append("it has tools shared by the whole taskset (one server for every rollout)")
-    why += tool_problems(vf, type(task).toolsets(task.config))
+    why += tool_problems(vf, task)
     if type(task).NEEDS_CONTAINER:
         why.append("it needs a container")
     for hook in ("setup", "finalize", "stage_verifier"):
@@ -125,12 +125,19 @@ def unsupported(vf, module, env: str, taskset, task) -> list[str]:
     return why
 
 
-def tool_problems(vf, toolsets) -> list[str]:
+def tool_problems(vf, task) -> list[str]:
     """What keeps a task's toolsets from running in-process, offline, per trajectory
     (envs/verifiers_tools.py)."""
     from verifiers.v1.runtimes import SubprocessConfig
 
-    why = []
+    toolsets = type(task).toolsets(task.config)
+    again = type(task).toolsets(task.config)
+    why = [
+        f"its toolset {type(ts).__name__} is the same object on every call of toolsets() "
+        "(a trajectory's tools must start fresh, or their state leaks into the next)"
+        for ts in toolsets
+        if any(ts is other for other in again)
+    ]
     for ts in toolsets:
         name = type(ts).__name__
         if not isinstance(ts, vf.Toolset):
@@ -282,7 +289,9 @@ def _score(request: list) -> float | bool | list[str]:
 
         try:
             return run_calls(task_row(request[1]), request[2])
-        except Exception as e:  # recovered: a toolset that cannot start answers every call so
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # recovered: toolsets that cannot start answer every call so
             return [f"error: the tools could not start: {type(e).__name__}"] * len(request[2])
     info, completion = request
     verifiers, vf = _import()
@@ -304,6 +313,13 @@ class EnvChecker(CheckerProcess):
 
 
 _checker = EnvChecker()
+
+
+def set_score_timeout(seconds: float) -> None:
+    """The time limit of one score in this process: a taskset with tools replays the
+    trajectory's calls (`[env] kind = "verifiers"`: TIMEOUT_S plus each turn's
+    `env.tool_timeout_s`)."""
+    _checker.timeout_s = seconds
 
 
 def score_env(info: dict, completion: str, checker: EnvChecker | None = None) -> float:
