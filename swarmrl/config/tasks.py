@@ -58,6 +58,14 @@ class TaskConfig(Section):
     env_args: dict = Field(
         default_factory=dict, description="verifiers: fields of the taskset's config."
     )
+    env_fingerprint: str = Field(
+        "",
+        max_length=200,
+        description="verifiers: the taskset's code and the verifiers and pydantic versions "
+        "every node must run (its prompts, tool answers and rewards come from them, and a "
+        "validator would take a difference for a cheat); empty: the orchestrator's own, "
+        "written into the run config it serves. A node with another refuses to start.",
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> TaskConfig:

@@ -89,6 +89,8 @@ def public_params(svc: Service) -> dict:
     config = cfg.model_dump(mode="json", exclude={"orchestrator", "launcher"})
     if cfg.env.kind != "none" and "python" in cfg.env.tools and not cfg.env.python_version:
         config["env"]["python_version"] = interpreter_version()  # every node runs this one
+    if cfg.task.name == "verifiers" and not cfg.task.env_fingerprint and svc.taskset_pin:
+        config["task"]["env_fingerprint"] = svc.taskset_pin  # every node runs this taskset
     dataset = None
     if cfg.task.dataset:
         if svc.dataset_sha256 is None:  # hashed once, not on every public call

@@ -76,7 +76,27 @@ def make_service(cfg: RunConfig, public_url: str) -> Service:
     else:
         root = Path(o.store_dir) if o.store_dir else paths.store
         svc.objects = LocalObjectStore(root, svc.secret, public_url)
+    if cfg.task.name == "verifiers":
+        _pin_taskset(svc)
     return svc
+
+
+def _pin_taskset(svc: Service) -> None:
+    """The verifiers taskset every node must run: the operator's task.env_fingerprint,
+    else this machine's (tasks/sources/environments.py: `fingerprint`)."""
+    from swarmrl.tasks.schema import TaskError
+    from swarmrl.tasks.sources.environments import fingerprint
+
+    task = svc.cfg.task
+    if task.env_fingerprint:
+        log.info("every node runs the taskset %s (task.env_fingerprint)", task.env_fingerprint)
+        return
+    try:
+        svc.taskset_pin = fingerprint(task.env)
+    except TaskError as e:
+        log.warning("%s; the nodes' tasksets are not compared (set task.env_fingerprint)", e)
+        return
+    log.info("every node runs the taskset %s (task.env_fingerprint)", svc.taskset_pin)
 
 
 def run_orchestrator(cfg: RunConfig) -> None:

@@ -49,6 +49,7 @@ class Service:
     server_versions: dict[str, tuple] = field(default_factory=dict)
     asking_servers: threading.Lock = field(default_factory=threading.Lock)
     dataset_sha256: str | None = None
+    taskset_pin: str = ""  # a verifiers taskset's fingerprint here, served as task.env_fingerprint
 
     def init_identity(self) -> None:
         self.run_id = self.meta("run_id") or self.set_meta_once("run_id", secrets.token_hex(8))

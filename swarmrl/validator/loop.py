@@ -204,6 +204,11 @@ def run_validator(cfg: RunConfig, index: int) -> None:
     client = OrchestratorClient(cfg.orchestrator.url, key)
     if cfg.env.kind != "none" and "python" in cfg.env.tools:  # the run's interpreter
         check_interpreter(client.run_params()["config"]["env"].get("python_version", ""))
+    if cfg.task.name == "verifiers":  # the run's taskset and library versions
+        from swarmrl.tasks.sources.environments import check_fingerprint
+
+        served = client.run_params()["config"]["task"].get("env_fingerprint", "")
+        check_fingerprint(cfg.task.model_copy(update={"env_fingerprint": served}))
     weights = open_weights_source(
         cfg, f"validator-{index}", keep=cfg.async_level + 2, client=client
     )

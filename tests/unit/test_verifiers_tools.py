@@ -361,3 +361,32 @@ def test_an_unanswered_last_call_is_not_run_for_the_reward():
     )
     turns, state = split_turns(row, text)
     assert [t[2] for t in turns] == [str(a * b), None] and state.calls == 1
+
+
+def test_every_node_runs_the_runs_taskset_and_library_versions(tmp_path):
+    """The orchestrator serves its taskset's fingerprint (the verifiers and pydantic
+    versions, a hash of the taskset's files); a node whose own differs refuses to build
+    the run's tasks, naming both."""
+    from swarmrl.tasks.sources.environments import check_fingerprint, fingerprint
+    from tests.unit.orch_util import Orch
+
+    served = Orch(tmp_path / "a", *RUN).http.get("/v1/run").json()["config"]["task"]
+    assert served["env_fingerprint"] == fingerprint("swarmrl-tools-env")
+    assert served["env_fingerprint"].startswith("verifiers 0.")
+    ok = TOOLS.model_copy(update={"env_fingerprint": served["env_fingerprint"]})
+    assert TaskSource(ok, 0).n_records == 12
+    other = served["env_fingerprint"].rsplit(" ", 1)[0] + " 0123456789abcdef"
+    with pytest.raises(TaskError, match="install the run's versions"):
+        TaskSource(TOOLS.model_copy(update={"env_fingerprint": other}), 0)
+
+    # the hash follows the taskset's files
+    module = tmp_path / "swarmrl_test_fingerprint.py"
+    module.write_text(textwrap.dedent(MODULES["swarmrl_test_tools_remote"]))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(tmp_path))
+        before = fingerprint("swarmrl-test-fingerprint")
+        module.write_text(module.read_text().replace('"pong"', '"pong!"'))
+        fingerprint.cache_clear()
+        after = fingerprint("swarmrl-test-fingerprint")
+    assert before != after and before.rsplit(" ", 1)[0] == after.rsplit(" ", 1)[0]
+    check_fingerprint(TOOLS)  # no pin: a node's own config before it has the run's

@@ -6,7 +6,9 @@ the installed taskset (a package or module whose `__all__` exports one
 `owner/` and `@version` dropped, `-` read as `_`) is loaded with `env_args` as
 its config, and its rows become the run's problems, like the records of a task
 file: row i is problem i, wrapped modulo the row count, the same for both
-splits.
+splits. Every node must run the same taskset, verifiers and pydantic: the
+orchestrator serves its `fingerprint` as `task.env_fingerprint`, and a node
+whose own differs refuses to build the run's tasks (`check_fingerprint`).
 
 Prompt: the row's system prompt (if any) and its user prompt, joined by a
 blank line into the one user turn swarmrl sends. Reward: the taskset's own
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import inspect
 import json
 
@@ -205,8 +208,54 @@ def _messages(task) -> list[tuple[str, str]]:
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def fingerprint(env: str) -> str:
+    """What the taskset's prompts, tool answers and rewards come from: the verifiers
+    and pydantic versions and a hash of the taskset's files (its module, or every file
+    of its package but compiled ones)."""
+    from pathlib import Path
+
+    import pydantic
+
+    verifiers, vf = _import()
+    try:
+        module = vf.import_taskset(env)
+    except Exception as e:
+        raise TaskError(f"task.env '{env}': cannot load the taskset: {e}") from None
+    path = Path(module.__file__)
+    if path.name == "__init__.py":
+        files = [f for f in sorted(path.parent.rglob("*"))
+                 if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"]  # fmt: skip
+    else:
+        files = [path]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(path.parent)}\0{f.stat().st_size}\0".encode())
+        h.update(f.read_bytes())
+    return (
+        f"verifiers {verifiers.__version__}, pydantic {pydantic.VERSION}, "
+        f"taskset {h.hexdigest()[:16]}"
+    )
+
+
+def check_fingerprint(cfg: TaskConfig) -> None:
+    """Refuse to build a run's tasks from another taskset or library version than the
+    run's (`task.env_fingerprint`, when set)."""
+    if cfg.name != "verifiers" or not cfg.env_fingerprint:
+        return
+    mine = fingerprint(cfg.env)
+    if mine != cfg.env_fingerprint:
+        raise TaskError(
+            f"this run's taskset '{cfg.env}' is {cfg.env_fingerprint} (task.env_fingerprint) "
+            f"and this node has {mine}: its prompts, tool answers and rewards could differ "
+            "from the other nodes', which a validator would take for a cheat; install the "
+            "run's versions of the taskset, verifiers and pydantic"
+        )
+
+
 def records(cfg: TaskConfig) -> list[Task]:
     """The taskset's rows as swarmrl tasks (checked when the task source is built)."""
+    check_fingerprint(cfg)
     args = json.dumps(cfg.env_args, sort_keys=True)
     rows = _load(cfg.env, args)
     out = []
