@@ -118,7 +118,11 @@ class CheckerProcess:
 
 def serve(handler: Callable) -> None:
     """The child's loop: "ready", then one `handler(request)` answer per request, on
-    the original stdout; the handler's own prints go to stderr."""
+    the original stdout; the handler's own prints go to stderr. It ends when its
+    parent closes stdin or kills it (a Ctrl-C in the terminal is the parent's)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends this child
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
