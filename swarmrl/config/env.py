@@ -29,13 +29,16 @@ class EnvConfig(Section):
         default_factory=lambda: ["calc"],
         max_length=8,
         description="The tools offered: 'calc' (arithmetic) and 'python' (a program run in "
-        "the code sandbox; the tag form only).",
+        "the code sandbox; the tag or json form).",
     )
-    syntax: Literal["tag", "equals"] = Field(
+    syntax: Literal["tag", "equals", "json"] = Field(
         "tag",
         description="How a call is written: 'tag' is <calc>EXPR</calc>, answered "
         "<result>VALUE</result> (and <python>CODE</python> the same way); 'equals' is an "
-        "arithmetic expression ending in '=', answered by its value (envs/tools.py).",
+        "arithmetic expression ending in '=', answered by its value; 'json' is the Hermes "
+        'form of Qwen-style templates, <tool_call>{"name": "calc", "arguments": '
+        '{"expression": EXPR}}</tool_call> (python: {"code": CODE}), answered '
+        "<tool_response>VALUE</tool_response> (envs/tools.py).",
     )
     max_turns: int = Field(
         4, ge=1, le=64, description="Model spans per trajectory (the last one gets no answer)."

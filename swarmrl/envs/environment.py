@@ -60,8 +60,8 @@ class ToolEnvironment:
             )
         if syntax == "equals" and "python" in tools:
             raise ConfigError(
-                "the python tool is called with the tag form (<python>...</python>): "
-                "set env.syntax = 'tag', or offer only calc"
+                "the python tool is called with the tag form (<python>...</python>) or the "
+                "json form: set env.syntax = 'tag' or 'json', or offer only calc"
             )
         self.tools = tuple(tools)
         self.max_turns = max_turns
@@ -79,6 +79,8 @@ class ToolEnvironment:
         call = call_at_end(model_span, self.syntax)
         if call is None or turn + 1 >= self.max_turns:
             return None
+        if not call.tool:  # a json call that cannot be read: why
+            return answer_text(call.argument, self.syntax)
         if call.tool not in self.tools:
             return answer_text(f"error: the tool {call.tool!r} is not offered here", self.syntax)
         return answer_text(run_tool(call, self.limits, self.python), self.syntax)
@@ -194,6 +196,9 @@ PROBES = (
     "The answer is 42.",
     "47 * 382 =",
     "(12 + 7) / 0 =",
+    '<tool_call>{"name": "calc", "arguments": {"expression": "4821 * 377"}}</tool_call>',
+    '<tool_call>{"name": "python", "arguments": {"code": "print(sorted({3, 1, 2}))"}}</tool_call>',
+    "<tool_call>{nope</tool_call>",
 )
 
 

@@ -1,7 +1,7 @@
 """The tools a model may call in a trajectory, and the text forms of a call.
 
-Two forms (`env.syntax`), both plain text that any model can write, chat
-template or not (a template's own tool-call syntax is not mapped yet):
+Three forms (`env.syntax`), all plain text that any model can write, chat
+template or not:
 
 - `tag`: the model ends a span with `<calc>48 * (17 + 3)</calc>` or
   `<python>print(sum(range(10)))</python>`; the environment answers
@@ -10,6 +10,12 @@ template or not (a template's own tool-call syntax is not mapped yet):
   person's calculator finishes "47 * 382 ="; the environment writes the value
   after it (" 17954") and the model goes on. SmolLM2-135M-Instruct writes this
   form by itself and almost never the tag (docs/multi-turn.md). Calculator only.
+- `json`: the Hermes form that Qwen-style chat templates train their models to
+  write, `<tool_call>{"name": "calc", "arguments": {"expression": "48 * 20"}}</tool_call>`
+  (the Python tool: `{"name": "python", "arguments": {"code": "..."}}`), answered
+  `<tool_response>...</tool_response>` and a newline; the same form as a
+  verifiers taskset's tools (envs/verifiers_tools.py). A template's own turn
+  tokens around the answer (a `tool` role) are not written.
 
 The span ends at the call (`call_at_end`), and the model's next span follows the
 answer (`answer_text`).
@@ -42,8 +48,12 @@ RESULT_CHARS = 400  # a tool's output is cut to this many characters
 CALL = re.compile(r"<(calc|python)>(.*?)</\1>\s*\Z", re.DOTALL)
 # digits, spaces and parentheses around at least one operator, then "=" at the end
 EQUALS = re.compile(r"(\d[\d ()]*(?:[-+*/×x][\d ()]+)+)=\s*\Z")
+# the json form: a span ends with a close tag (and blanks); its call starts at the last
+# open tag before it
+JSON_CALL = re.compile(r"<tool_call>((?:(?!<tool_call>).)*?)</tool_call>\s*\Z", re.DOTALL)
 TOOLS = ("calc", "python")
-SYNTAXES = ("tag", "equals")
+SYNTAXES = ("tag", "equals", "json")
+ARGUMENT = {"calc": "expression", "python": "code"}  # the json form's one argument per tool
 
 
 @dataclass(frozen=True)
@@ -58,7 +68,7 @@ class CalcLimits:
 
 @dataclass(frozen=True)
 class ToolCall:
-    tool: str  # "calc"
+    tool: str  # "calc"; "" for a json call that cannot be read (`argument` says why)
     argument: str
 
 
@@ -67,10 +77,31 @@ def call_at_end(text: str, syntax: str = "tag") -> ToolCall | None:
     if syntax == "equals":
         m = EQUALS.search(text)
         return None if m is None else ToolCall("calc", m.group(1).replace("x", "*"))
+    if syntax == "json":
+        m = JSON_CALL.search(text)
+        return None if m is None else _json_call(m.group(1))
     m = CALL.search(text)
     if m is None:
         return None
     return ToolCall(m.group(1), m.group(2))
+
+
+def _json_call(text: str) -> ToolCall:
+    """The json form's call, or ToolCall("", why it cannot be read)."""
+    import json
+
+    try:
+        call = json.loads(text)
+    except (ValueError, RecursionError):
+        return ToolCall("", "error: the call is not JSON")
+    name = call.get("name") if isinstance(call, dict) else None
+    args = call.get("arguments") if isinstance(call, dict) else None
+    if name not in ARGUMENT or not isinstance(args, dict):
+        return ToolCall("", 'error: a call is {"name": "calc" or "python", "arguments": {...}}')
+    value = args.get(ARGUMENT[name])
+    if not isinstance(value, str) or set(args) != {ARGUMENT[name]}:
+        return ToolCall("", f'error: {name} takes one argument, "{ARGUMENT[name]}", a string')
+    return ToolCall(name, value)
 
 
 def result_text(output: str) -> str:
@@ -80,6 +111,8 @@ def result_text(output: str) -> str:
 
 def answer_text(output: str, syntax: str = "tag") -> str:
     """The environment's span for a tool's output, in the call's form."""
+    if syntax == "json":
+        return f"<tool_response>{output[:RESULT_CHARS]}</tool_response>\n"
     return f" {output[:RESULT_CHARS]}" if syntax == "equals" else result_text(output)
 
 

@@ -45,14 +45,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import re
 from typing import Any
 
-from swarmrl.envs.tools import RESULT_CHARS
+from swarmrl.envs.tools import JSON_CALL, answer_text
 
 OPEN, CLOSE, RESPONSE = "<tool_call>", "</tool_call>", "<tool_response>"
-# a span ends with a close tag (and blanks); its call starts at the last open tag before it
-CALL = re.compile(r"<tool_call>((?:(?!<tool_call>).)*?)</tool_call>\s*\Z", re.DOTALL)
+CALL = JSON_CALL  # a span ends with a close tag; its call starts at the last open tag before it
 TIME_LIMIT = "error: time limit"
 DIED = "error: the tools' process died"  # killed (memory) or ended by the tool itself
 
@@ -65,7 +63,7 @@ def call_at_end(text: str) -> str | None:
 
 def response_text(output: str) -> str:
     """The environment's span for a tool's output."""
-    return f"<tool_response>{output[:RESULT_CHARS]}</tool_response>\n"
+    return answer_text(output, "json")
 
 
 # ---- in the process that loads the taskset (the checker, or the launcher) ----

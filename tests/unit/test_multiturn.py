@@ -230,6 +230,30 @@ def test_the_calculators_trajectories_are_replayed_turn_by_turn():
     assert _replay(env, ("cut at the budget", 1), eos=False, limit=17) is None
 
 
+def test_the_json_form_of_a_call_is_answered_and_replayed():
+    """The Hermes form of Qwen-style templates (env.syntax = "json") for the built-in
+    tools: read, answered, and checked by the replay like the tag form."""
+    env = ToolEnvironment(tools=("calc",), max_turns=3, syntax="json")
+    calc = '<tool_call>{"name": "calc", "arguments": {"expression": "48 * 21"}}</tool_call>'
+    answer = "<tool_response>1008</tool_response>\n"
+    assert env.respond("Let me compute. " + calc, 0) == answer
+    assert env.respond("<calc>48 * 21</calc>", 0) is None  # the tag is not this run's form
+    bad = {
+        "<tool_call>{nope</tool_call>": "the call is not JSON",
+        '<tool_call>{"name": "shell", "arguments": {}}</tool_call>': '{"name": "calc" or',
+        '<tool_call>{"name": "calc", "arguments": {"expr": "1"}}</tool_call>': 'one argument, "expression"',
+    }  # fmt: skip
+    for call, says in bad.items():
+        assert says in env.respond(call, 0), call
+    assert "not offered" in env.respond(
+        '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>', 0
+    )
+    assert _replay(env, ("x " + calc, 1), (answer, 0), ("so 1008", 1)) is None
+    forged = "<tool_response>1009</tool_response>\n"
+    assert _replay(env, ("x " + calc, 1), (forged, 0), ("so 1009", 1))[0] == "environment"
+    assert _replay(env, ("x " + calc + " more", 1), (answer, 0), ("x", 1))[0] == "termination"
+
+
 def test_a_tool_run_with_looser_limits_is_caught_by_the_runs_limits():
     """The run's limits hold on workers and validators alike: both build the calculator
     from `[env]`; a worker that loosens them answers what the validator's does not."""

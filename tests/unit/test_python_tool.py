@@ -46,6 +46,16 @@ def test_answers_for_output_errors_and_limits():
     assert net.startswith(("PermissionError", "OSError", "ConnectionRefusedError")), net
 
 
+def test_the_python_tool_is_called_in_the_json_form_too():
+    env = ToolEnvironment(("python",), syntax="json", python=FAST)
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
+    assert env.respond(call, 0) == "<tool_response>42\n</tool_response>\n"
+    loop = '<tool_call>{"name": "python", "arguments": {"code": "while True: pass"}}</tool_call>'
+    limit = env.respond(loop, 0)
+    assert limit == f"<tool_response>{TIME_LIMIT}</tool_response>\n"
+    assert "time limit" in env.doubt(loop, 0, limit, "<tool_response>1</tool_response>\n")
+
+
 def test_the_runs_limits_hold_for_every_node_that_builds_the_environment():
     """Workers and validators build the tool from `[env]`: the same CPU and memory
     limits on both, so a program over them is an error everywhere."""
