@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from swarmrl.envs.python_tool import TIME_LIMIT, PythonLimits, check_interpreter
 from swarmrl.envs.tools import (
+    ARGUMENT,
     SYNTAXES,
     TOOLS,
     CalcLimits,
@@ -184,27 +185,40 @@ def bound(env, tasks) -> list:
     return [bind(t) if bind else env for t in tasks]
 
 
-# inputs every tool environment is probed with before a run (the answers must repeat)
-PROBES = (
-    "<calc>4821 * 377</calc>",
-    "<calc>(12 + 7) / 3</calc>",
-    "<calc>2 ** 300</calc>",
-    "<calc>1 / 0</calc>",
-    "<calc>__import__('os')</calc>",
-    "<python>import random, time\nprint(set('abcdefgh'), random.random(), time.time())</python>",
-    "<python>print(1 / 0)</python>",
-    "The answer is 42.",
-    "47 * 382 =",
-    "(12 + 7) / 0 =",
-    '<tool_call>{"name": "calc", "arguments": {"expression": "4821 * 377"}}</tool_call>',
-    '<tool_call>{"name": "python", "arguments": {"code": "print(sorted({3, 1, 2}))"}}</tool_call>',
-    "<tool_call>{nope</tool_call>",
+# calls every tool environment is probed with before a run, written in the run's form
+# (the answers must repeat), and spans that are no call or a malformed one
+PROBE_CALLS = (
+    ("calc", "4821 * 377"),
+    ("calc", "(12 + 7) / 3"),
+    ("calc", "2 ** 300"),
+    ("calc", "1 / 0"),
+    ("calc", "__import__('os')"),
+    ("python", "import random, time\nprint(set('abcdefgh'), random.random(), time.time())"),
+    ("python", "print(1 / 0)"),
 )
+PROBE_SPANS = ("The answer is 42.", "47 * 382 =", "(12 + 7) / 0 =", "<tool_call>{nope</tool_call>")
 
 
-def check_deterministic(env, probes: tuple[str, ...] = PROBES, runs: int = 2) -> None:
-    """Refuse an environment whose answers to the same spans differ between runs."""
-    for probe in probes:
+def probes_for(syntax: str) -> tuple[str, ...]:
+    """The probes written in the call form `syntax`."""
+    import json
+
+    if syntax == "json":
+        calls = [
+            "<tool_call>" + json.dumps({"name": t, "arguments": {ARGUMENT[t]: a}}) + "</tool_call>"
+            for t, a in PROBE_CALLS
+        ]
+    elif syntax == "tag":
+        calls = [f"<{t}>{a}</{t}>" for t, a in PROBE_CALLS]
+    else:  # equals: the arithmetic spans below
+        calls = []
+    return (*calls, *PROBE_SPANS)
+
+
+def check_deterministic(env, probes: tuple[str, ...] | None = None, runs: int = 2) -> None:
+    """Refuse an environment whose answers to the same spans differ between runs (the
+    probes: `probes_for` the environment's call form)."""
+    for probe in probes or probes_for(getattr(env, "syntax", "tag")):
         answers = {env.respond(probe, 0) for _ in range(runs)}
         if len(answers) > 1:
             raise ConfigError(

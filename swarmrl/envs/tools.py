@@ -86,21 +86,58 @@ def call_at_end(text: str, syntax: str = "tag") -> ToolCall | None:
     return ToolCall(m.group(1), m.group(2))
 
 
-def _json_call(text: str) -> ToolCall:
-    """The json form's call, or ToolCall("", why it cannot be read)."""
+MAX_NESTING = 32  # a json call nested deeper is refused before it is parsed
+
+
+def read_json_call(text: str):
+    """The JSON of a call, or a string saying why it cannot be read. The nesting is
+    checked first: whether json.loads runs out of stack depends on how deep its caller
+    already is, which differs between a worker and a validator."""
     import json
 
+    depth, in_string, escaped = 0, False, False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return f"error: the call nests deeper than {MAX_NESTING} levels"
+        elif c in "]}":
+            depth -= 1
     try:
-        call = json.loads(text)
-    except (ValueError, RecursionError):
-        return ToolCall("", "error: the call is not JSON")
+        return json.loads(text)
+    except ValueError:
+        return "error: the call is not JSON"
+
+
+def plain_text(text: str) -> str:
+    """`text` with what UTF-8 cannot hold (a lone surrogate from a JSON escape) replaced:
+    a tool's input and output must be text every node can encode."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _json_call(text: str) -> ToolCall:
+    """The json form's call, or ToolCall("", why it cannot be read)."""
+    call = read_json_call(text)
+    if isinstance(call, str):
+        return ToolCall("", call)
     name = call.get("name") if isinstance(call, dict) else None
     args = call.get("arguments") if isinstance(call, dict) else None
-    if name not in ARGUMENT or not isinstance(args, dict):
+    if not isinstance(name, str) or name not in ARGUMENT or not isinstance(args, dict):
         return ToolCall("", 'error: a call is {"name": "calc" or "python", "arguments": {...}}')
     value = args.get(ARGUMENT[name])
     if not isinstance(value, str) or set(args) != {ARGUMENT[name]}:
         return ToolCall("", f'error: {name} takes one argument, "{ARGUMENT[name]}", a string')
+    if plain_text(value) != value:
+        return ToolCall("", f'error: "{ARGUMENT[name]}" is not text UTF-8 can hold')
     return ToolCall(name, value)
 
 
@@ -111,6 +148,7 @@ def result_text(output: str) -> str:
 
 def answer_text(output: str, syntax: str = "tag") -> str:
     """The environment's span for a tool's output, in the call's form."""
+    output = plain_text(output)
     if syntax == "json":
         return f"<tool_response>{output[:RESULT_CHARS]}</tool_response>\n"
     return f" {output[:RESULT_CHARS]}" if syntax == "equals" else result_text(output)

@@ -47,7 +47,7 @@ import inspect
 import json
 from typing import Any
 
-from swarmrl.envs.tools import JSON_CALL, answer_text
+from swarmrl.envs.tools import JSON_CALL, answer_text, read_json_call
 
 OPEN, CLOSE, RESPONSE = "<tool_call>", "</tool_call>", "<tool_response>"
 CALL = JSON_CALL  # a span ends with a close tag; its call starts at the last open tag before it
@@ -105,10 +105,9 @@ class ToolSession:
         """The output of the call written `text` (the JSON between the tags)."""
         from pydantic import ValidationError
 
-        try:
-            call = json.loads(text)
-        except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
-            return "error: the call is not JSON"
+        call = read_json_call(text)
+        if isinstance(call, str):
+            return call
         if (
             not isinstance(call, dict)
             or not isinstance(call.get("name"), str)

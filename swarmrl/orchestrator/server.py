@@ -83,8 +83,10 @@ def make_service(cfg: RunConfig, public_url: str) -> Service:
 
 def _pin_taskset(svc: Service) -> None:
     """The verifiers taskset every node must run: the operator's task.env_fingerprint,
-    else this machine's (tasks/sources/environments.py: `fingerprint`)."""
-    from swarmrl.tasks.schema import TaskError
+    else this machine's (tasks/sources/environments.py: `fingerprint`); refused when
+    neither can be had."""
+    import json
+
     from swarmrl.tasks.sources.environments import fingerprint
 
     task = svc.cfg.task
@@ -92,10 +94,13 @@ def _pin_taskset(svc: Service) -> None:
         log.info("every node runs the taskset %s (task.env_fingerprint)", task.env_fingerprint)
         return
     try:
-        svc.taskset_pin = fingerprint(task.env)
-    except TaskError as e:
-        log.warning("%s; the nodes' tasksets are not compared (set task.env_fingerprint)", e)
-        return
+        svc.taskset_pin = fingerprint(task.env, json.dumps(task.env_args, sort_keys=True))
+    except Exception as e:  # fails closed: no run whose nodes cannot be compared
+        raise ConfigError(
+            f"the orchestrator of a verifiers run pins the taskset every node runs, and "
+            f"cannot load '{task.env}' here ({e}): install it beside the orchestrator, or "
+            "set task.env_fingerprint to the fingerprint the nodes must have"
+        ) from None
     log.info("every node runs the taskset %s (task.env_fingerprint)", svc.taskset_pin)
 
 

@@ -243,8 +243,20 @@ def test_the_json_form_of_a_call_is_answered_and_replayed():
         '<tool_call>{"name": "shell", "arguments": {}}</tool_call>': '{"name": "calc" or',
         '<tool_call>{"name": "calc", "arguments": {"expr": "1"}}</tool_call>': 'one argument, "expression"',
     }  # fmt: skip
+    deep = (
+        '{"name": "calc", "arguments": {"expression": "1", "x": ' + "[" * 2000 + "]" * 2000 + "}}"
+    )
+    bad["<tool_call>" + deep + "</tool_call>"] = "nests deeper than 32 levels"  # at any stack depth
+    bad['<tool_call>{"name": ["calc"], "arguments": {}}</tool_call>'] = '{"name": "calc" or'
+    bad['<tool_call>{"name": "calc", "arguments": {"expression": "\\ud800"}}</tool_call>'] = (
+        "not text UTF-8 can hold"
+    )
     for call, says in bad.items():
-        assert says in env.respond(call, 0), call
+        assert env.ends(call) and says in env.respond(call, 0), call
+    # the probes at start are written in the run's form
+    probes = environment_module.probes_for("json")
+    assert any('"expression": "2 ** 300"' in p for p in probes)
+    assert not any(p.startswith("<calc>") for p in probes)
     assert "not offered" in env.respond(
         '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>', 0
     )

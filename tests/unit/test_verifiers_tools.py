@@ -371,22 +371,29 @@ def test_every_node_runs_the_runs_taskset_and_library_versions(tmp_path):
     from tests.unit.orch_util import Orch
 
     served = Orch(tmp_path / "a", *RUN).http.get("/v1/run").json()["config"]["task"]
-    assert served["env_fingerprint"] == fingerprint("swarmrl-tools-env")
+    assert served["env_fingerprint"] == fingerprint("swarmrl-tools-env", '{"count": 12}')
     assert served["env_fingerprint"].startswith("verifiers 0.")
+    assert served["env_fingerprint"] != fingerprint("swarmrl-tools-env", '{"count": 13}')
     ok = TOOLS.model_copy(update={"env_fingerprint": served["env_fingerprint"]})
     assert TaskSource(ok, 0).n_records == 12
-    other = served["env_fingerprint"].rsplit(" ", 1)[0] + " 0123456789abcdef"
+    other = served["env_fingerprint"].replace("taskset ", "taskset 0")[:-1]
     with pytest.raises(TaskError, match="install the run's versions"):
         TaskSource(TOOLS.model_copy(update={"env_fingerprint": other}), 0)
 
-    # the hash follows the taskset's files
-    module = tmp_path / "swarmrl_test_fingerprint.py"
-    module.write_text(textwrap.dedent(MODULES["swarmrl_test_tools_remote"]))
+    # the hash follows the taskset's code (every .py file of its package), not the other
+    # files there (a cache the taskset writes when it loads)
+    package = tmp_path / "swarmrl_test_fingerprint"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .ts import TS\n__all__ = ['TS']\n")
+    (package / "ts.py").write_text(textwrap.dedent(MODULES["swarmrl_test_tools_misc"]))
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(tmp_path))
         before = fingerprint("swarmrl-test-fingerprint")
-        module.write_text(module.read_text().replace('"pong"', '"pong!"'))
+        (package / "cache.json").write_text("{}")
+        fingerprint.cache_clear()
+        assert fingerprint("swarmrl-test-fingerprint") == before
+        (package / "ts.py").write_text((package / "ts.py").read_text().replace("no luck", "no"))
         fingerprint.cache_clear()
         after = fingerprint("swarmrl-test-fingerprint")
-    assert before != after and before.rsplit(" ", 1)[0] == after.rsplit(" ", 1)[0]
+    assert before != after and before.split("taskset")[0] == after.split("taskset")[0]
     check_fingerprint(TOOLS)  # no pin: a node's own config before it has the run's

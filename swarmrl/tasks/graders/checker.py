@@ -17,6 +17,7 @@ every node.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -38,9 +39,13 @@ class CheckerProcess:
         self.lock = threading.Lock()
         self.timeouts = 0
         self.crashed = False  # the last call's child died instead of answering
+        self.started = False
         self.warmups: list = []  # requests every fresh child answers first (loading data)
 
     def _start(self) -> None:
+        if not self.started:
+            atexit.register(self.close)  # no child outlives a parent that exits
+            self.started = True
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
@@ -119,10 +124,13 @@ class CheckerProcess:
 def serve(handler: Callable) -> None:
     """The child's loop: "ready", then one `handler(request)` answer per request, on
     the original stdout; the handler's own prints go to stderr. It ends when its
-    parent closes stdin or kills it (a Ctrl-C in the terminal is the parent's)."""
+    parent closes stdin (also by exiting) or kills it, or a Ctrl-C reaches it."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends this child
+    # a Ctrl-C in the terminal ends this child at once and quietly (no traceback between
+    # the parent's lines). Not PR_SET_PDEATHSIG: it fires when the *thread* that started
+    # the child ends, and another thread may still be waiting on an answer
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr

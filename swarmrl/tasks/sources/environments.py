@@ -209,10 +209,11 @@ def _messages(task) -> list[tuple[str, str]]:
 
 
 @functools.lru_cache(maxsize=8)
-def fingerprint(env: str) -> str:
+def fingerprint(env: str, args_json: str = "{}") -> str:
     """What the taskset's prompts, tool answers and rewards come from: the verifiers
-    and pydantic versions and a hash of the taskset's files (its module, or every file
-    of its package but compiled ones)."""
+    and pydantic versions, a hash of the taskset's code (every .py file of its package,
+    or its one module: a single-module taskset's helper modules are not covered), and a
+    hash of the rows it loads with these arguments."""
     from pathlib import Path
 
     import pydantic
@@ -222,19 +223,22 @@ def fingerprint(env: str) -> str:
         module = vf.import_taskset(env)
     except Exception as e:
         raise TaskError(f"task.env '{env}': cannot load the taskset: {e}") from None
-    path = Path(module.__file__)
-    if path.name == "__init__.py":
-        files = [f for f in sorted(path.parent.rglob("*"))
-                 if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"]  # fmt: skip
-    else:
-        files = [path]
-    h = hashlib.sha256()
+    if getattr(module, "__file__", None) and Path(module.__file__).name != "__init__.py":
+        roots, files = [Path(module.__file__).parent], [Path(module.__file__)]
+    else:  # a package, or a namespace package (no __file__)
+        roots = sorted(Path(p) for p in getattr(module, "__path__", []))
+        files = sorted(f for r in roots for f in r.rglob("*.py") if "__pycache__" not in f.parts)
+    code = hashlib.sha256()
     for f in files:
-        h.update(f"{f.relative_to(path.parent)}\0{f.stat().st_size}\0".encode())
-        h.update(f.read_bytes())
+        rel = next(str(f.relative_to(r)) for r in roots if f.is_relative_to(r))
+        code.update(f"{rel}\0{f.stat().st_size}\0".encode())
+        code.update(f.read_bytes())
+    rows = hashlib.sha256()
+    for task in _load(env, args_json):
+        rows.update(task.data.model_dump_json().encode() + b"\0")
     return (
         f"verifiers {verifiers.__version__}, pydantic {pydantic.VERSION}, "
-        f"taskset {h.hexdigest()[:16]}"
+        f"taskset {code.hexdigest()[:16]}, rows {rows.hexdigest()[:16]}"
     )
 
 
@@ -243,13 +247,14 @@ def check_fingerprint(cfg: TaskConfig) -> None:
     run's (`task.env_fingerprint`, when set)."""
     if cfg.name != "verifiers" or not cfg.env_fingerprint:
         return
-    mine = fingerprint(cfg.env)
+    mine = fingerprint(cfg.env, json.dumps(cfg.env_args, sort_keys=True))
     if mine != cfg.env_fingerprint:
         raise TaskError(
             f"this run's taskset '{cfg.env}' is {cfg.env_fingerprint} (task.env_fingerprint) "
             f"and this node has {mine}: its prompts, tool answers and rewards could differ "
             "from the other nodes', which a validator would take for a cheat; install the "
-            "run's versions of the taskset, verifiers and pydantic"
+            "run's versions of the taskset, verifiers and pydantic, and the data its rows "
+            "are loaded from"
         )
 
 
