@@ -47,7 +47,12 @@ def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_len
     from swarmrl.inference.generation import decode, greedy
     from swarmrl.inference.hf import HFBackend
     from swarmrl.inference.trajectory import generate_trajectories
-    from swarmrl.models.prompting import decode_completion, encode_prompt, prompt_text
+    from swarmrl.models.prompting import (
+        decode_completion,
+        encode_prompt,
+        model_replies,
+        prompt_text,
+    )
     from swarmrl.tasks.graders.registry import verify
 
     eos = model.config.eos_token_id
@@ -66,7 +71,9 @@ def _greedy(model, tokenizer, tasks, max_new_tokens: int, batch: int, target_len
         for t, c in zip(chunk, done, strict=True):
             cut = len(c.tokens) - c.finished  # the EOS token is not part of the text
             text = decode_completion(tokenizer, c.tokens[:cut])
-            out_scores.append((text, verify(t, text), cut, _answered_calls(tokenizer, c)))
+            replies = model_replies(tokenizer, c.tokens, getattr(c, "mask", None))
+            score = verify(t, text, replies)
+            out_scores.append((text, score, cut, _answered_calls(tokenizer, c)))
         if on_batch is not None:
             on_batch(len(chunk))
     return out_scores

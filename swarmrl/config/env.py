@@ -23,7 +23,9 @@ class EnvConfig(Section):
         "the tools below, and each call's result is inserted before its next span; "
         "'verifiers': the tools of the verifiers taskset (task.name = 'verifiers'), called "
         'as <tool_call>{"name": ..., "arguments": {...}}</tool_call> and answered '
-        "<tool_response>...</tool_response> (envs/verifiers_tools.py).",
+        "<tool_response>...</tool_response> (envs/verifiers_tools.py), or the taskset's own "
+        "multi-turn environment (a vf.Env: its turns go in as user turns after the model's "
+        "end of turn, envs/verifiers_episodes.py).",
     )
     tools: list[Literal["calc", "python"]] = Field(
         default_factory=lambda: ["calc"],
@@ -46,7 +48,8 @@ class EnvConfig(Section):
     tool_timeout_s: float = Field(
         10.0, gt=0, le=600,
         description="kind 'verifiers': seconds the taskset's tools may take to answer a "
-        "call (with the calls before it); past it the answer is 'error: time limit'.",
+        "call (with the calls before it), or its environment its next turn (the episode "
+        "played from the start); past it the answer is 'error: time limit'.",
     )  # fmt: skip
     max_expr_chars: int = Field(
         400, ge=1, le=100_000, description="Calculator: the longest expression it reads."

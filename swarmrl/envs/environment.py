@@ -106,17 +106,23 @@ def from_config(env_cfg, task_cfg=None):
     """The run's environment (`[env]`), checked for determinism; None: single turn.
     `task_cfg` ([task]): a verifiers taskset's tools need `kind = "verifiers"`, and that
     kind needs such a taskset."""
-    tools = task_cfg is not None and task_cfg.name == "verifiers" and _taskset_tools(task_cfg)
-    if tools and env_cfg.kind != "verifiers":
+    tools = episodes = False
+    if task_cfg is not None and task_cfg.name == "verifiers":
+        tools, episodes = _taskset_kind(task_cfg)
+    if (tools or episodes) and env_cfg.kind != "verifiers":
+        what = "gives its tasks tools" if tools else "has its own multi-turn environment"
         raise ConfigError(
-            f"task.env '{task_cfg.env}' gives its tasks tools: set [env] kind = 'verifiers' "
-            "so that the model can call them and validators can check their answers"
+            f"task.env '{task_cfg.env}' {what}: set [env] kind = 'verifiers' so that "
+            "the model can play it and validators can check its turns"
         )
     if env_cfg.kind == "verifiers":
+        if episodes:
+            return _verifiers_episodes(env_cfg, task_cfg)
         if not tools:
             raise ConfigError(
-                "env.kind = 'verifiers' runs the tools of a verifiers taskset: set "
-                "task.name = 'verifiers' and task.env to a taskset whose tasks have tools"
+                "env.kind = 'verifiers' runs a verifiers taskset's tools or its own "
+                "environment: set task.name = 'verifiers' and task.env to a taskset whose "
+                "tasks have tools or whose package exports a vf.Env"
             )
         return _verifiers_environment(env_cfg, task_cfg)
     if env_cfg.kind == "none":
@@ -134,14 +140,31 @@ def from_config(env_cfg, task_cfg=None):
     return env
 
 
-def _taskset_tools(task_cfg) -> bool:
+def _taskset_kind(task_cfg) -> tuple[bool, bool]:
+    """(whether the taskset's tasks have tools, whether it has its own `Env`)."""
     from swarmrl.tasks.schema import TaskError
-    from swarmrl.tasks.sources.environments import has_tools
+    from swarmrl.tasks.sources.environments import has_episodes, has_tools
 
     try:
-        return has_tools(task_cfg.env, task_cfg.env_args)
+        return has_tools(task_cfg.env, task_cfg.env_args), has_episodes(
+            task_cfg.env, task_cfg.env_args
+        )
     except TaskError as e:
         raise ConfigError(str(e)) from None
+
+
+def _verifiers_episodes(env_cfg, task_cfg):
+    """The taskset's own environment, probed on its first row."""
+    from swarmrl.envs.verifiers_episodes import EpisodeEnvironment, check_deterministic
+    from swarmrl.tasks.sources.environments import records
+
+    if env_cfg.max_turns < 2:
+        raise ConfigError("a multi-turn environment needs env.max_turns of at least 2")
+    env = EpisodeEnvironment(env_cfg.max_turns, env_cfg.tool_timeout_s)
+    first = records(task_cfg)[0]
+    env.bind(first)  # loads the taskset in the checker before the timed probes
+    check_deterministic(env, first.verification_info)
+    return env
 
 
 def _verifiers_environment(env_cfg, task_cfg):

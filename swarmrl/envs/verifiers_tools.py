@@ -294,21 +294,30 @@ class VerifiersEnvironment:
 
         self.max_turns = max_turns
         self.checker = checker or CheckerProcess("swarmrl.tasks.sources.environments", timeout_s)
+        self.second: CheckerProcess | None = None  # a second opinion (`BoundTools.doubt`)
 
     def ends(self, model_span: str) -> bool:
         return call_at_end(model_span) is not None
+
+    def second_checker(self):
+        """Another checker process than the one that answers, for a second opinion:
+        started at the first doubt and kept (a fresh one per doubt costs a process
+        start per row of a file, which a forger could make a validator pay)."""
+        return second_checker(self)
 
     def bind(self, task) -> BoundTools:
         info = task.verification_info
         self.checker.warm(["load", info["env"], info["args"]])  # loading is not a call's time
         return BoundTools(self, info)
 
-    def outputs(self, info: dict, calls: list[str]) -> list[str] | str:
+    def outputs(self, info: dict, calls: list[str], checker=None) -> list[str] | str:
         """The outputs of `calls` in order on fresh toolsets of the row, or, when
-        there are none, why: TIME_LIMIT (they took longer than the limit) or DIED."""
-        got = self.checker.call(["tools", info, calls])
+        there are none, why: TIME_LIMIT (they took longer than the limit) or DIED.
+        `checker`: another process than the environment's own."""
+        checker = checker or self.checker
+        got = checker.call(["tools", info, calls])
         if got is None:
-            return DIED if self.checker.crashed else TIME_LIMIT
+            return DIED if checker.crashed else TIME_LIMIT
         if not isinstance(got, list) or len(got) != len(calls):
             return DIED  # not an answer of ours: the child is not to be trusted
         return got
@@ -343,15 +352,27 @@ class BoundTools:
         """Why the file's span `claimed` may differ from `answer` through no fault of
         the worker: the tools ran out of time or their process died, here (known out
         of band, not from the text) or on the worker (its text says so), or they
-        answer differently on a second run in a fresh process."""
+        answer differently on a second run in another process."""
         if turn in self.failed or claimed in (response_text(TIME_LIMIT), response_text(DIED)):
             return (
                 "the taskset's tools ran out of time or their process died (on the worker or here)"
             )
-        self.env.checker.close()  # the second run in a fresh process: its state counts too
-        if self.respond(model_span, turn) != answer:
+        call = call_at_end(model_span)
+        again = self.env.outputs(self.info, [*self.calls[:turn], call], self.env.second_checker())
+        if isinstance(again, str) or response_text(again[-1]) != answer:
             return "the taskset's tools answer differently on a second run"
         return None
+
+
+def second_checker(env):
+    """`env.second`, started with the warm-ups of `env.checker` on first use."""
+    from swarmrl.tasks.graders.checker import CheckerProcess
+
+    if env.second is None:
+        env.second = CheckerProcess(env.checker.module, env.checker.timeout_s)
+    for request in env.checker.warmups:
+        env.second.warm(request)
+    return env.second
 
 
 def check_deterministic(env: VerifiersEnvironment, info: dict, schemas: list[dict]) -> None:

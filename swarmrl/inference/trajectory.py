@@ -20,6 +20,12 @@ validator's one prefill:
   (no call, or the turn limit), or when the environment's answer would not fit
   with room for one more token.
 
+An environment with `user_turns` (a verifiers taskset's own multi-turn `Env`,
+envs/verifiers_episodes.py) answers the model's end of turn instead of a tool
+call: the model's span ends on its end-of-sequence token, and the environment's
+text goes in as the next user turn of the model's chat template (`user_turn`);
+the trajectory ends when the environment has no more turns.
+
 `replay` is the validator's side of the same rules: from a file's tokens and
 mask it recomputes where each model span had to end and what the environment
 had to answer, and names the first place that differs.
@@ -47,6 +53,59 @@ class Trajectory:
     def spans(self) -> list[tuple[int, int, int]]:
         """(mask value, start, end) of each run of model or environment tokens."""
         return [(int(model), a, b) for a, b, model in mask_spans(self.mask)]
+
+
+SENTINEL = "\x00swarmrl-reply\x00"
+
+
+def user_turn(tokenizer, content: str) -> str:
+    """The text that follows the model's end-of-turn token when the next user turn
+    says `content`: from the chat template (what closes the assistant's turn after
+    that token, the user turn, the assistant's generation prompt), or, for a model
+    without one (the tiny model, prompted `prompt + "\n"`), `content` on a line of
+    its own."""
+    if not getattr(tokenizer, "chat_template", None):
+        return f"\n{content}\n"
+    head, tail = _template_turn(tokenizer)
+    return head + content + tail
+
+
+_TEMPLATE_TURNS: dict = {}
+
+
+def _template_turn(tokenizer) -> tuple[str, str]:
+    """(the template's text between the end-of-turn token and a user turn's content,
+    the text after the content), found by rendering a conversation with one more turn."""
+    from swarmrl.errors import ConfigError
+
+    key = (tokenizer.name_or_path, tokenizer.chat_template, tokenizer.eos_token)
+    if key not in _TEMPLATE_TURNS:
+        mark = "\x00swarmrl-turn\x00"
+        talk = [{"role": "user", "content": "q"}, {"role": "assistant", "content": SENTINEL}]
+        a = tokenizer.apply_chat_template(talk, tokenize=False)
+        b = tokenizer.apply_chat_template(
+            [*talk, {"role": "user", "content": mark}], tokenize=False, add_generation_prompt=True
+        )
+        end = a.find(SENTINEL) + len(SENTINEL)
+        eos = tokenizer.eos_token or ""
+        if not (b.startswith(a) and a.count(SENTINEL) == 1 and a.startswith(eos, end)):
+            raise ConfigError(
+                "this model's chat template does not close an assistant turn with its "
+                f"end-of-sequence token {eos!r} and append the next turn after it; a "
+                "multi-turn environment writes its turns that way"
+            )
+        turn = a[end + len(eos) :] + b[len(a) :]
+        head, _, tail = turn.partition(mark)
+        _TEMPLATE_TURNS[key] = (head, tail)
+    return _TEMPLATE_TURNS[key]
+
+
+def env_ids(env, tokenizer, answer: str) -> list[int]:
+    """The tokens of the environment's span `answer` (a user turn where the
+    environment has `user_turns`)."""
+    if getattr(env, "user_turns", False):
+        answer = user_turn(tokenizer, answer)
+    return tokenizer(answer, add_special_tokens=False)["input_ids"]
 
 
 class _TurnStates:
@@ -128,13 +187,14 @@ def generate_trajectories(
             logps[i] += c.logprobs
             mask[i] += [1] * k
             pending[i] = 0
-            if c.finished or len(comp[i]) >= max_new_tokens:
-                finished[i] = c.finished
-                continue
+            finished[i] = c.finished
+            user_turns = getattr(envs[i], "user_turns", False)
+            if c.finished != user_turns or len(comp[i]) >= max_new_tokens:
+                continue  # end of sequence, a span cut by the budget, or the budget
             answer = envs[i].respond(tokenizer.decode(c.tokens, skip_special_tokens=True), turn[i])
             if answer is None:
                 continue
-            ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+            ids = env_ids(envs[i], tokenizer, answer)
             if len(comp[i]) + len(ids) >= max_new_tokens:
                 continue  # no room for the answer and one more token: the trajectory ends
             comp[i] += ids
@@ -178,6 +238,7 @@ def replay(
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     parts = mask_spans(mask)
+    user_turns = getattr(env, "user_turns", False)
     turn = 0
     pending = None  # the first turn the environment cannot settle: reported if nothing fails
     for k, (a, b, model) in enumerate(parts):
@@ -185,7 +246,7 @@ def replay(
             continue
         span = tokens[a:b]
         last = k == len(parts) - 1
-        if eos_id in span[:-1] or (not last and span[-1] == eos_id):
+        if eos_id in span[:-1] or (not last and span[-1] == eos_id and not user_turns):
             return "termination", f"turn {turn}: the trajectory goes on after end of sequence"
         for i in range(1, len(span)):
             if env.ends(text(span[:i])):
@@ -193,9 +254,10 @@ def replay(
                     f"turn {turn}: the model's span goes on after a tool call that ends it "
                     f"(completion token {a + i - 1})"
                 )
-        called = env.ends(text(span))
+        # what hands the turn to the environment: the model's end of turn, or a call
+        called = span[-1] == eos_id if user_turns else env.ends(text(span))
         if last:
-            if span[-1] == eos_id or b >= max_new_tokens:
+            if (span[-1] == eos_id and not user_turns) or b >= max_new_tokens:
                 return pending
             if not called:
                 return "termination", (
@@ -204,8 +266,8 @@ def replay(
                 )
             answer = env.respond(text(span), turn)
             if answer is None:
-                return pending  # the turn limit
-            room = b + len(tokenizer(answer, add_special_tokens=False)["input_ids"])
+                return pending  # the environment ends it, or the turn limit
+            room = b + len(env_ids(env, tokenizer, answer))
             if room >= max_new_tokens:
                 return pending  # the answer would not fit with one more token
             # the worker's answer, which it did not write, may not have fit where this one does
@@ -215,14 +277,15 @@ def replay(
                 return pending or ("unverifiable", f"turn {turn}: {why}")
             return "environment", f"turn {turn}: the trajectory stops where the environment answers"
         if not called:
-            return "termination", f"turn {turn}: a model span ends with no tool call to end it"
+            what = "end of turn" if user_turns else "tool call"
+            return "termination", f"turn {turn}: a model span ends with no {what} to end it"
         answer = env.respond(text(span), turn)
         if answer is None:
             return "environment", (
                 f"turn {turn}: the environment ends the trajectory here, and the file goes on"
             )
         ea, eb, _ = parts[k + 1]
-        if tokens[ea:eb] != tokenizer(answer, add_special_tokens=False)["input_ids"]:
+        if tokens[ea:eb] != env_ids(env, tokenizer, answer):
             doubt = getattr(env, "doubt", None)
             why = doubt and doubt(text(span), turn, answer, text(tokens[ea:eb]))
             if not why:

@@ -53,7 +53,7 @@ from swarmrl.inference.engine import make_engine, resolve_engine
 from swarmrl.inference.generation import Completion
 from swarmrl.inference.trajectory import generate_trajectories
 from swarmrl.models.loading import load_tokenizer
-from swarmrl.models.prompting import decode_completion
+from swarmrl.models.prompting import decode_completion, model_replies
 from swarmrl.protocol.assign import Assignment
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
@@ -119,7 +119,7 @@ def complete_with(cfg: RunConfig, backend, plan, tokenizer, env) -> list[Complet
 def score_row(cfg: RunConfig, tokenizer, p: AssignedPrompt, g: int, j: int, c: Completion) -> dict:
     """The rollout row of sample j of group g, scored by the task's verifier."""
     completion = decode_completion(tokenizer, c.tokens)
-    task_reward = verify(p.task, completion)
+    task_reward = verify(p.task, completion, model_replies(tokenizer, c.tokens, c.mask))
     lr = cfg.length_reward
     penalty = length_penalty(lr.mode, len(c.tokens), p.target_length, lr.coef)
     return {

@@ -29,3 +29,13 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
 
 def decode_completion(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def model_replies(tokenizer, ids: list[int], mask: list[int] | None) -> list[str] | None:
+    """The text of each of the model's spans of a trajectory (None: no mask, a
+    single-turn completion)."""
+    if mask is None:
+        return None
+    from swarmrl.protocol.rollouts import spans
+
+    return [decode_completion(tokenizer, ids[a:b]) for a, b, model in spans(mask) if model]

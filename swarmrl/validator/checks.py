@@ -57,7 +57,7 @@ import torch
 from swarmrl.config import RunConfig
 from swarmrl.envs.environment import bound, environment_of
 from swarmrl.inference.trajectory import replay
-from swarmrl.models.prompting import decode_completion
+from swarmrl.models.prompting import decode_completion, model_replies
 from swarmrl.protocol.assign import parse_rollout_key
 from swarmrl.protocol.prompts import assigned_prompts
 from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts
@@ -271,7 +271,9 @@ def _check_rewards(ctx: Context, rows: list[dict], plan) -> None:
             wrong_text.append(i)
             continue
         penalty = length_penalty(lr.mode, len(r["completion_tokens"]), r["target_length"], lr.coef)
-        task_reward = verify(plan[r["group"]].task, text)
+        mask = r["completion_mask"] if ctx.cfg.env.kind != "none" else None
+        replies = model_replies(ctx.tokenizer, r["completion_tokens"], mask)
+        task_reward = verify(plan[r["group"]].task, text, replies)
         if not (
             math.isclose(r["task_reward"], task_reward, abs_tol=REWARD_TOLERANCE)
             and math.isclose(r["length_penalty"], penalty, abs_tol=REWARD_TOLERANCE)

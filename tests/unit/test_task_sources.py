@@ -137,7 +137,9 @@ def test_multi_turn_and_tool_tasksets_are_refused_with_the_reason(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(TaskError) as e:
         TaskSource(TaskConfig(name="verifiers", env="swarmrl-test-multiturn"), 0)
-    assert "not a single-turn taskset" in str(e.value) and "needs a runtime" in str(e.value)
+    assert "not a taskset swarmrl can grade offline" in str(e.value) and "needs a runtime" in str(
+        e.value
+    )
 
 
 def _with_right_answers(maker, rows, answer):

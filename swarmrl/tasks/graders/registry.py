@@ -41,11 +41,12 @@ def score_gym_task(task: Task, completion: str) -> float:
     return score_gym(task.verification_info, completion)
 
 
-def score_env_task(task: Task, completion: str) -> float:
-    """`verifiers`: the taskset's own rewards (tasks/sources/environments.py)."""
+def score_env_task(task: Task, completion: str, replies: list[str] | None = None) -> float:
+    """`verifiers`: the taskset's own rewards (tasks/sources/environments.py);
+    `replies`, a trajectory's model spans, for a taskset's own environment."""
     from swarmrl.tasks.sources.environments import score_env
 
-    return score_env(task.verification_info, completion)
+    return score_env(task.verification_info, completion, replies)
 
 
 VERIFIERS: dict[str, Verifier] = {
@@ -95,7 +96,12 @@ def configure(cfg) -> None:
         set_score_timeout(TIMEOUT_S + cfg.env.max_turns * cfg.env.tool_timeout_s)
 
 
-def verify(task: Task, completion: str) -> float:
+def verify(task: Task, completion: str, replies: list[str] | None = None) -> float:
+    """The task's reward for `completion`; `replies`: the model's spans when the
+    completion is a trajectory (`models/prompting.py: model_replies`), which the
+    `verifiers` grader plays through a taskset's own environment."""
+    if replies is not None and task.task_type == "verifiers":
+        return score_env_task(task, completion, replies)
     try:
         verifier = VERIFIERS[task.task_type]
     except KeyError:

@@ -19,12 +19,15 @@ process (tasks/graders/checker.py) that loads the taskset once and is bounded by
 `TIMEOUT_S` per completion, so a reward function that hangs on a hostile
 completion costs that long and scores 0.
 
-Supported: tasksets whose rewards need only the trace, single-turn, or with
+Supported: tasksets whose rewards need only the trace, single-turn, with
 tools the model calls (`[env] kind = "verifiers"`, envs/verifiers_tools.py: the
 prompt then lists the tools before the question, and the trace holds the tool
-turns and the tools' state). Refused with an error that says why (a run cannot
-grade them faithfully offline): environments with their own `Env` or `Harness`
-(multi-turn or agentic episodes), toolsets that cannot run in-process per
+turns and the tools' state), or with their own multi-turn `Env` played by one
+seat (the same kind, envs/verifiers_episodes.py: the reward is the episode's,
+played on the trajectory's model spans). Refused with an error that says why (a
+run cannot grade them faithfully offline): a `Harness` (an agent program), an
+`Env` with more seats or its own setup, finalize, start or stop
+(`episode_problems`), toolsets that cannot run in-process per
 trajectory (`tool_problems`), containers or sandboxes, setup/finalize steps,
 stop or intercept hooks, rewards that need a runtime, LLM judges (they call a
 hosted service), infinite tasksets, and prompts that already hold assistant or
@@ -87,7 +90,7 @@ def _load(env: str, args_json: str) -> list:
         why += [w for w in _row_problems(task) if w not in why]
     if why:
         raise TaskError(
-            f"task.env '{env}' is not a single-turn taskset swarmrl can grade offline: "
+            f"task.env '{env}' is not a taskset swarmrl can grade offline: "
             + "; ".join(why)
         )
     return rows
@@ -101,7 +104,7 @@ def unsupported(vf, module, env: str, taskset, task) -> list[str]:
     why = []
     env_class = vf.environment_class(env)
     if env_class is not SingleAgentEnv:
-        why.append(f"it has its own environment {env_class.__name__} (multi-turn episodes)")
+        why += episode_problems(vf, env_class, task)
     if any(
         inspect.isclass(getattr(module, n, None)) and issubclass(getattr(module, n), Harness)
         for n in getattr(module, "__all__", [])
@@ -123,8 +126,25 @@ def unsupported(vf, module, env: str, taskset, task) -> list[str]:
             why.append(f"reward {fn.__name__} needs a runtime")
     if task.config.judges:
         why.append("it uses LLM judges (a hosted service)")
-    if not task.hooks("reward"):
-        why.append("it defines no reward")
+    if not task.hooks("reward") and env_class is SingleAgentEnv:
+        why.append("it defines no reward")  # an environment records its own
+    return why
+
+
+def episode_problems(vf, env_class, task) -> list[str]:
+    """What keeps a taskset's own `Env` from being played offline with one scripted
+    seat (envs/verifiers_episodes.py)."""
+    from swarmrl.envs.verifiers_episodes import seat_name
+
+    name = env_class.__name__
+    why = []
+    if not seat_name(env_class):
+        why.append(f"its environment {name} has more than one seat (agents playing each other)")
+    for hook in ("setup", "finalize", "start", "stop"):
+        if getattr(env_class, hook) is not getattr(vf.Env, hook):
+            why.append(f"its environment {name} overrides Env.{hook}")
+    if type(task).toolsets(task.config):
+        why.append(f"its environment {name} and its tools together (one or the other is built)")
     return why
 
 
@@ -166,6 +186,16 @@ def has_tools(env: str, args: dict) -> bool:
     """Whether the taskset's tasks have tools (`[env] kind = "verifiers"` runs them)."""
     task = _load(env, json.dumps(args, sort_keys=True))[0]
     return bool(type(task).toolsets(task.config))
+
+
+def has_episodes(env: str, args: dict) -> bool:
+    """Whether the taskset has its own multi-turn `Env` (`[env] kind = "verifiers"`
+    plays it)."""
+    from verifiers.v1.envs.single_agent import SingleAgentEnv
+
+    _, vf = _import()
+    _load(env, json.dumps(args, sort_keys=True))  # checked
+    return vf.environment_class(env) is not SingleAgentEnv
 
 
 _TOOL_PROMPTS: dict[tuple[type, str], str] = {}
@@ -304,23 +334,33 @@ def _trace(verifiers, vf, task, completion: str):
             replies.append(vf.AssistantMessage(content=text, tool_calls=calls))
             if output is not None:
                 replies.append(vf.ToolMessage(tool_call_id=f"call_{k}", content=output))
-    trace = vf.Trace(
-        verifiers=vf.VersionInfo(version=verifiers.__version__),
-        task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
-        agent=vf.AgentInfo(config=vf.AgentConfig(), name="swarmrl", trainable=False),
-        state=state,
-    )
-    parent = None
-    kinds = {"system": vf.SystemMessage, "user": vf.UserMessage}
-    for role, text in _messages(task):
-        trace.nodes.append(vf.MessageNode(parent=parent, message=kinds[role](content=text)))
-        parent = len(trace.nodes) - 1
+    trace = empty_trace(task, state)
+    parent = len(trace.nodes) - 1
     for reply in replies:
         sampled = reply.role == "assistant"
         trace.nodes.append(vf.MessageNode(parent=parent, message=reply, sampled=sampled))
         parent = len(trace.nodes) - 1
     trace.stop("agent_completed")
     trace.ok = True
+    return trace
+
+
+def empty_trace(task, state=None):
+    """A trace of `task` holding its prompt's messages (`state`: the task's state)."""
+    from verifiers.v1.state import state_cls
+
+    verifiers, vf = _import()
+    trace = vf.Trace(
+        verifiers=vf.VersionInfo(version=verifiers.__version__),
+        task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+        agent=vf.AgentInfo(config=vf.AgentConfig(), name="swarmrl", trainable=False),
+        state=state if state is not None else state_cls(type(task))(),
+    )
+    parent = None
+    kinds = {"system": vf.SystemMessage, "user": vf.UserMessage}
+    for role, text in _messages(task):
+        trace.nodes.append(vf.MessageNode(parent=parent, message=kinds[role](content=text)))
+        parent = len(trace.nodes) - 1
     return trace
 
 
@@ -347,6 +387,14 @@ def _score(request: list) -> float | bool | list[str]:
             raise
         except BaseException as e:  # recovered: toolsets that cannot start answer every call so
             return [f"error: the tools could not start: {type(e).__name__}"] * len(request[2])
+    if request[0] == "episode":  # the environment's next turn (envs/verifiers_episodes.py)
+        from swarmrl.envs.verifiers_episodes import next_turn
+
+        return next_turn(request[1], request[2], request[3])
+    if request[0] == "episode_score":
+        from swarmrl.envs.verifiers_episodes import score
+
+        return score(request[1], request[2])
     info, completion = request
     verifiers, vf = _import()
     task = _load(info["env"], json.dumps(info["args"], sort_keys=True))[info["row"]]
@@ -359,6 +407,10 @@ def _score(request: list) -> float | bool | list[str]:
         return 0.0
     reward = float(trace.reward)
     return reward if reward == reward and abs(reward) != float("inf") else 0.0
+
+
+def _has_episodes(info: dict) -> bool:
+    return has_episodes(info["env"], info["args"])
 
 
 class EnvChecker(CheckerProcess):
@@ -376,11 +428,17 @@ def set_score_timeout(seconds: float) -> None:
     _checker.timeout_s = seconds
 
 
-def score_env(info: dict, completion: str, checker: EnvChecker | None = None) -> float:
-    """The taskset's reward for the completion (0 after a timeout)."""
+def score_env(
+    info: dict, completion: str, replies: list[str] | None = None, checker: EnvChecker | None = None
+) -> float:
+    """The taskset's reward for the completion (0 after a timeout). `replies`: the
+    model's spans of a trajectory, which a taskset's own environment plays."""
     checker = checker or _checker
     checker.warm(["load", info["env"], info["args"]])
-    got = checker.call([info, completion])
+    if replies is not None and _has_episodes(info):
+        got = checker.call(["episode_score", info, replies])
+    else:
+        got = checker.call([info, completion])
     return 0.0 if got is None else float(got)
 
 

@@ -1,0 +1,269 @@
+"""A verifiers taskset's own multi-turn environment in trajectories (`[env] kind =
+"verifiers"` with a taskset that exports a `vf.Env`): its `Env.run` is played with
+the model's replies, the model's span ends on its end-of-turn token, the
+environment's turn goes in as a user turn, a validator replays the episode, and
+the reward is the episode's (envs/verifiers_episodes.py)."""
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bench.rollout_files import Maker, issued, make_judge, small_run
+from swarmrl.config import TaskConfig, load_config
+from swarmrl.envs.environment import environment_of
+from swarmrl.envs.verifiers_episodes import EpisodeEnvironment
+from swarmrl.envs.verifiers_tools import TIME_LIMIT
+from swarmrl.errors import ConfigError
+from swarmrl.inference.trajectory import user_turn
+from swarmrl.protocol.rollouts import read_rollouts, spans, write_rollouts
+from swarmrl.tasks.graders.registry import verify
+from swarmrl.tasks.schema import TaskError
+from swarmrl.tasks.sources.task_source import TaskSource
+from swarmrl.validator.checks import Reject, check_without_model
+
+pytest.importorskip("verifiers", reason="verifiers is in the dev extras")
+
+EXAMPLE_ENV = Path(__file__).resolve().parents[2] / "examples" / "verifiers_env"
+GAME = TaskConfig(name="verifiers", env="swarmrl-game-env", env_args={"count": 12})
+RUN = ["task.name=verifiers", 'task.env="swarmrl-game-env"', "task.env_args={count=12}",
+       'env.kind="verifiers"', "env.max_turns=3", "sampling.max_prompt_tokens=1024",
+       "sampling.max_new_tokens=60"]  # fmt: skip
+
+ENV_HEAD = """
+    import random, time
+    import verifiers.v1 as vf
+
+    class D(vf.TaskData):
+        pass
+
+    class T(vf.Task[D]):
+        pass
+
+    class TS(vf.Taskset[T, vf.TasksetConfig]):
+        def load(self):
+            return [T(D(id="a", prompt="hi"), self.config.task)]
+
+    class C(vf.EnvConfig):
+        player: vf.AgentConfig = vf.AgentConfig()
+"""
+MODULES = {  # test tasksets with environments swarmrl refuses, each for its reason
+    "swarmrl_test_episode_dice": ENV_HEAD
+    + """
+    class E(vf.Env[C]):
+        async def run(self, task, agents):
+            async with agents.player.interaction(task) as it:
+                seg = await it.turn()
+                while not seg.terminated:
+                    seg = await it.turn(f"you rolled {random.SystemRandom().randint(1, 10**9)}")
+
+    __all__ = ["TS", "E"]
+    """,
+    "swarmrl_test_episode_pair": ENV_HEAD
+    + """
+    class C2(C):
+        rival: vf.AgentConfig = vf.AgentConfig()
+
+    class E(vf.Env[C2]):
+        async def run(self, task, agents):
+            pass
+
+        async def finalize(self, task, episode):
+            pass
+
+    __all__ = ["TS", "E"]
+    """,
+    "swarmrl_test_episode_harness": ENV_HEAD
+    + """
+    class E(vf.Env[C]):
+        async def run(self, task, agents):
+            await agents.player.run(task)
+
+    __all__ = ["TS", "E"]
+    """,
+    "swarmrl_test_episode_slow": ENV_HEAD
+    + """
+    class E(vf.Env[C]):
+        async def run(self, task, agents):
+            async with agents.player.interaction(task) as it:
+                seg = await it.turn()
+                while not seg.terminated:
+                    if "sleep" in seg.last_reply:
+                        time.sleep(5)
+                    seg = await it.turn("go on")
+
+    __all__ = ["TS", "E"]
+    """,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tasksets_importable(tmp_path_factory):
+    """The example tasksets and the test ones on the path of this process and of the
+    checker processes."""
+    extra = tmp_path_factory.mktemp("episodes")
+    for name, text in MODULES.items():
+        (extra / f"{name}.py").write_text(textwrap.dedent(text))
+    with pytest.MonkeyPatch.context() as mp:
+        for path in (EXAMPLE_ENV, extra):
+            mp.syspath_prepend(str(path))
+        mp.setenv(
+            "PYTHONPATH",
+            os.pathsep.join([str(EXAMPLE_ENV), str(extra), os.environ.get("PYTHONPATH", "")]),
+        )
+        yield
+
+
+def secret(task) -> int:
+    from swarmrl.tasks.sources.environments import task_row
+
+    return task_row(task.verification_info).data.secret
+
+
+def test_the_game_answers_each_reply_from_the_replies_before_it():
+    env = environment_of(load_config(None, RUN))
+    task = TaskSource(GAME, 0).get("train", 0)
+    n = secret(task)
+    low = 1 if n > 1 else 2
+    game = env.bind(task)
+    assert game.respond(str(low), 0) == (
+        f"{low} is too {'low' if low < n else 'high'}. Guess again."
+    )
+    assert game.respond("no idea", 1) == "Reply with a single number."
+    assert game.respond("3", 2) is None  # max_turns = 3: the last reply
+    assert game.respond("no idea", 0) == "Reply with a single number."  # turn 0 again
+    assert env.bind(task).respond(f"It is {n}.", 0) is None  # found: the episode ends
+    assert not game.ends("20")  # only the end-of-turn token ends a span
+
+
+def test_the_reward_is_the_episodes_on_every_reply():
+    task = TaskSource(GAME, 0).get("train", 1)
+    n = secret(task)
+    wrong = n % 20 + 1
+    assert verify(task, "", [str(n)]) == 1.0
+    assert verify(task, "", [str(wrong), f"then {n}"]) == pytest.approx(0.9)
+    assert verify(task, "", [str(wrong), str(wrong)]) == 0.0
+    assert verify(task, str(n), None) == 0.0  # the text alone plays no episode
+
+
+def _trajectory(tok, eos: int, spans_: list[tuple[str, int]]) -> tuple[list[int], list[int]]:
+    ids, mask = [], []
+    for text, model in spans_:
+        piece = tok(text, add_special_tokens=False)["input_ids"] + ([eos] if model else [])
+        ids += piece
+        mask += [model] * len(piece)
+    return ids, mask
+
+
+def test_a_file_of_game_trajectories_is_checked_by_replaying_the_episode(
+    random_model_dir, tmp_path
+):
+    cfg = small_run(tmp_path, random_model_dir, *RUN)
+    maker, judge = Maker(cfg, tmp_path), make_judge(cfg, tmp_path)
+    key, data = maker.file()  # generated: the random model's turns end on its EOS, or the budget
+    rows = read_rollouts(data)
+    turns = [sum(m for _, _, m in spans(r["completion_mask"])) for r in rows]
+    assert max(turns) >= 2, turns  # the game answered a reply and the model went on
+    v = judge.judge(key, data, issued=issued(key))  # proofs and sampling over the turns
+    assert v is not None and v.accepted, (v.check, v.reason)
+
+    tok, eos = maker.tokenizer, maker.tokenizer.eos_token_id
+    tasks = {maker.source.get("train", i).problem_id: maker.source.get("train", i)
+             for i in range(maker.source.n_records)}  # fmt: skip
+
+    def rewrite(rows, hint_of, after=()):
+        out = []
+        for r in rows:
+            task = tasks[r["problem_id"]]
+            n = secret(task)
+            wrong = n % 20 + 1
+            replies = [str(wrong), str(n), *after]
+            parts = [(replies[0], 1), (user_turn(tok, hint_of(wrong, n)), 0), (replies[1], 1)]
+            for extra in after:
+                parts += [(user_turn(tok, "Guess again."), 0), (extra, 1)]
+            ids, mask = _trajectory(tok, eos, parts)
+            text = tok.decode(ids, skip_special_tokens=True)
+            reward = verify(task, text, replies)
+            out.append({**r, "completion": text, "completion_tokens": ids, "completion_mask": mask,
+                        "completion_logprobs": [0.0] * len(ids), "task_reward": reward,
+                        "reward": reward})  # fmt: skip
+        return out
+
+    def honest_hint(g, n):
+        return f"{g} is too {'low' if g < n else 'high'}. Guess again."
+
+    ctx = judge.ctx.with_issued(issued(key))
+    honest = rewrite(rows, honest_hint)
+    assert all(r["task_reward"] == pytest.approx(0.9) for r in honest)
+    check_without_model(ctx, key, write_rollouts(honest))  # the replayed episode agrees
+
+    def lie(g, n):
+        return f"{g} is too {'high' if g < n else 'low'}. Guess again."
+
+    with pytest.raises(Reject) as e:
+        check_without_model(ctx, key, write_rollouts(rewrite(rows, lie)))
+    assert e.value.check == "environment", e.value.reason
+
+    with pytest.raises(Reject) as e:  # the game ended on the right guess; the file goes on
+        check_without_model(ctx, key, write_rollouts(rewrite(rows, honest_hint, after=["1"])))
+    assert e.value.check == "environment" and "ends the trajectory here" in e.value.reason
+
+    cut = [dict(r) for r in honest]  # a reply handed over without its end of turn
+    first_env = cut[0]["completion_mask"].index(0)
+    del cut[0]["completion_tokens"][first_env - 1]
+    del cut[0]["completion_mask"][first_env - 1]
+    del cut[0]["completion_logprobs"][first_env - 1]
+    with pytest.raises(Reject) as e:
+        check_without_model(ctx, key, write_rollouts(cut))
+    assert e.value.check == "termination" and "end of turn" in e.value.reason
+
+
+def test_a_user_turn_follows_the_chat_template(random_model_dir):
+    from swarmrl.models.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    assert user_turn(tok, "7 is too low.") == "\n7 is too low.\n"  # no template: a line
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok.eos_token = "<|im_end|>"
+    assert user_turn(tok, "7 is too low.") == (
+        "\n<|im_start|>user\n7 is too low.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    tok.chat_template = tok.chat_template.replace("{{ m.content }}", "{{ m.content | trim }}.")
+    tok.eos_token = "</s>"  # a template that does not end the turn with the model's EOS
+    with pytest.raises(ConfigError, match="end-of-sequence token"):
+        user_turn(tok, "hint")
+
+
+def test_environments_that_cannot_be_replayed_are_refused_with_the_reason():
+    def cfg(env, *more):
+        return load_config(None, ["task.name=verifiers", f'task.env="{env}"', *more])
+
+    with pytest.raises(ConfigError, match="not deterministic: after the replies"):
+        environment_of(cfg("swarmrl-test-episode-dice", 'env.kind="verifiers"'))
+    with pytest.raises(TaskError) as e:
+        TaskSource(TaskConfig(name="verifiers", env="swarmrl-test-episode-pair"), 0)
+    assert "more than one seat" in str(e.value) and "overrides Env.finalize" in str(e.value)
+    with pytest.raises(ConfigError, match="fails on the probe replies: TypeError: agent.run"):
+        environment_of(cfg("swarmrl-test-episode-harness", 'env.kind="verifiers"'))
+    with pytest.raises(ConfigError, match="has its own multi-turn environment: set"):
+        environment_of(cfg("swarmrl-game-env"))
+    with pytest.raises(ConfigError, match="max_turns of at least 2"):
+        environment_of(cfg("swarmrl-game-env", 'env.kind="verifiers"', "env.max_turns=1"))
+
+
+def test_an_episode_past_its_time_limit_cannot_be_settled():
+    task = TaskSource(TaskConfig(name="verifiers", env="swarmrl-test-episode-slow"), 0).get(
+        "train", 0
+    )
+    env = EpisodeEnvironment(max_turns=4, timeout_s=1.0)
+    game = env.bind(task)
+    assert game.respond("fine", 0) == "go on"
+    assert game.respond("sleep now", 1) == TIME_LIMIT
+    assert "ran out of time" in game.doubt("sleep now", 1, TIME_LIMIT, "\ngo on\n")
+    quick = env.bind(task)
+    assert quick.doubt("fine", 0, "go on", "\ngo off\n") is None  # a forgery, not a doubt
+    env.checker.close()
