@@ -42,6 +42,15 @@ class EnvConfig(Section):
         '{"expression": EXPR}}</tool_call> (python: {"code": CODE}), answered '
         "<tool_response>VALUE</tool_response> (envs/tools.py).",
     )
+    tool_turns: Literal["inline", "template"] = Field(
+        "inline",
+        description="Where a json-form call's answer goes: 'inline', inside the model's "
+        "turn right after the call (<tool_response>...</tool_response>); 'template', in a "
+        "tool turn of the model's chat template: the model ends its turn after the call "
+        "(its end-of-sequence token) and the answer is rendered as the template renders a "
+        "tool message (Qwen-style templates: a <tool_response> in a turn of its own). For "
+        "syntax 'json' and kind 'verifiers' tools.",
+    )
     max_turns: int = Field(
         4, ge=1, le=64, description="Model spans per trajectory (the last one gets no answer)."
     )

@@ -27,6 +27,7 @@ from swarmrl.envs.tools import (
     SYNTAXES,
     TOOLS,
     CalcLimits,
+    answer_content,
     answer_text,
     call_at_end,
     run_tool,
@@ -45,6 +46,7 @@ class ToolEnvironment:
         syntax: str = "tag",
         limits: CalcLimits | None = None,
         python: PythonLimits | None = None,
+        tool_turns: str = "inline",
     ):
         unknown = [t for t in tools if t not in TOOLS]
         if unknown:
@@ -64,15 +66,28 @@ class ToolEnvironment:
                 "the python tool is called with the tag form (<python>...</python>) or the "
                 "json form: set env.syntax = 'tag' or 'json', or offer only calc"
             )
+        if tool_turns == "template" and syntax != "json":
+            raise ConfigError(
+                "env.tool_turns = 'template' answers calls of the json form in a tool turn "
+                "of the chat template: set env.syntax = 'json'"
+            )
         self.tools = tuple(tools)
+        # "tool": the model ends its turn after a call, and the answer is a tool turn
+        self.turn_role = "tool" if tool_turns == "template" else None
         self.max_turns = max_turns
         self.syntax = syntax
         self.limits = limits or CalcLimits()
         self.python = python or PythonLimits()
 
     def ends(self, model_span: str) -> bool:
-        """Whether the model's span so far ends here (a tool call closes it)."""
-        return call_at_end(model_span, self.syntax) is not None
+        """Whether the model's span so far ends here (a tool call closes it; in tool
+        turns, only the end-of-turn token does)."""
+        return not self.turn_role and call_at_end(model_span, self.syntax) is not None
+
+    def _answer(self, output: str) -> str:
+        """The environment's span for a tool's output: in the call's form, or, in tool
+        turns, the output itself (the chat template wraps it)."""
+        return answer_content(output) if self.turn_role else answer_text(output, self.syntax)
 
     def respond(self, model_span: str, turn: int) -> str | None:
         """The environment's span after model span number `turn` (0-based), or None
@@ -81,10 +96,10 @@ class ToolEnvironment:
         if call is None or turn + 1 >= self.max_turns:
             return None
         if not call.tool:  # a json call that cannot be read: why
-            return answer_text(call.argument, self.syntax)
+            return self._answer(call.argument)
         if call.tool not in self.tools:
-            return answer_text(f"error: the tool {call.tool!r} is not offered here", self.syntax)
-        return answer_text(run_tool(call, self.limits, self.python), self.syntax)
+            return self._answer(f"error: the tool {call.tool!r} is not offered here")
+        return self._answer(run_tool(call, self.limits, self.python))
 
     def doubt(self, model_span: str, turn: int, answer: str, claimed: str) -> str | None:
         """Why the file's environment span `claimed` may differ from this environment's
@@ -94,8 +109,12 @@ class ToolEnvironment:
         call = call_at_end(model_span, self.syntax)
         if call is None or call.tool != "python" or call.tool not in self.tools:
             return None
-        limit = answer_text(TIME_LIMIT, self.syntax)
-        if answer == limit or claimed == limit:  # exactly: a forged answer may quote it
+        limit = self._answer(TIME_LIMIT)
+        if self.turn_role:  # the file's turn, decoded, holds the answer on a line of its own
+            said = {line.strip() for line in claimed.splitlines()}
+            if answer == limit or limit in said:
+                return "the program ran into the time limit (on the worker or here)"
+        elif answer == limit or claimed == limit:  # exactly: a forged answer may quote it
             return "the program ran into the time limit (on the worker or here)"
         if self.respond(model_span, turn) != answer:
             return "the program's output differs between two runs (it reads what the sandbox does not fix)"
@@ -135,6 +154,7 @@ def from_config(env_cfg, task_cfg=None):
         env_cfg.syntax,
         CalcLimits(env_cfg.max_expr_chars, env_cfg.max_digits, env_cfg.max_exponent),
         PythonLimits(env_cfg.python_cpu_s, env_cfg.python_memory_mb, env_cfg.python_isolation),
+        env_cfg.tool_turns,
     )
     check_deterministic(env)
     return env
@@ -176,7 +196,7 @@ def _verifiers_environment(env_cfg, task_cfg):
     )
     from swarmrl.tasks.sources.environments import records, task_row
 
-    env = VerifiersEnvironment(env_cfg.max_turns, env_cfg.tool_timeout_s)
+    env = VerifiersEnvironment(env_cfg.max_turns, env_cfg.tool_timeout_s, env_cfg.tool_turns)
     first = records(task_cfg)[0]
     env.bind(first)  # loads the taskset in the checker before the timed probes
     schemas = ToolSession(task_row(first.verification_info), setup=False).schemas()

@@ -146,6 +146,11 @@ def result_text(output: str) -> str:
     return f"<result>{output[:RESULT_CHARS]}</result>\n"
 
 
+def answer_content(output: str) -> str:
+    """A tool's output as the content of a tool turn (`env.tool_turns = "template"`)."""
+    return plain_text(output)[:RESULT_CHARS]
+
+
 def answer_text(output: str, syntax: str = "tag") -> str:
     """The environment's span for a tool's output, in the call's form."""
     output = plain_text(output)

@@ -229,10 +229,10 @@ def score(info: dict, replies: list[str]) -> float:
 
 class EpisodeEnvironment:
     """`[env] kind = "verifiers"` with a taskset's own `Env`; `bind(task)` gives the
-    environment of one trajectory of that task. `user_turns`: the model's span ends
+    environment of one trajectory of that task. `turn_role`: the model's span ends
     on its end-of-turn token, and the environment's text is a user turn."""
 
-    user_turns = True
+    turn_role = "user"
 
     def __init__(self, max_turns: int, timeout_s: float, checker=None):
         from swarmrl.tasks.graders.checker import CheckerProcess
@@ -269,7 +269,7 @@ class EpisodeEnvironment:
 class BoundEpisode:
     """One trajectory's episode: answers a reply from the replies before it."""
 
-    user_turns = True
+    turn_role = "user"
 
     def __init__(self, env: EpisodeEnvironment, info: dict):
         self.env, self.info = env, info

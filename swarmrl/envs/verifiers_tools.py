@@ -47,7 +47,7 @@ import inspect
 import json
 from typing import Any
 
-from swarmrl.envs.tools import JSON_CALL, answer_text, read_json_call
+from swarmrl.envs.tools import JSON_CALL, answer_content, answer_text, read_json_call
 
 OPEN, CLOSE, RESPONSE = "<tool_call>", "</tool_call>", "<tool_response>"
 CALL = JSON_CALL  # a span ends with a close tag; its call starts at the last open tag before it
@@ -217,6 +217,26 @@ def run_calls(task, calls: list[str]) -> list[str]:
         session.close()
 
 
+def turns_from_replies(task, replies: list[str]) -> tuple[list, Any]:
+    """`split_turns` from a trajectory's model spans (the mask says where each ends):
+    a span's call is the one at its end; each is run but the last span's, which was
+    not answered (the turn limit or the budget ended the trajectory there)."""
+    session = ToolSession(task)
+    try:
+        turns = []
+        for k, reply in enumerate(replies):
+            m = CALL.search(reply)
+            if m is None:
+                turns.append((reply, None, None))
+                continue
+            last = k == len(replies) - 1
+            call = m.group(1)
+            turns.append((reply[: m.start()], call, None if last else session.call(call)))
+        return turns, session.state()
+    finally:
+        session.close()
+
+
 def split_turns(task, text: str) -> tuple[list[tuple[str, str | None, str | None]], Any]:
     """A trajectory's text as turns (the model's text, its call, the tool's output),
     replayed on fresh toolsets, and the task's state after them.
@@ -289,15 +309,22 @@ class VerifiersEnvironment:
     """`[env] kind = "verifiers"`: the taskset's tools, answered by its checker
     process. `bind(task)` gives the environment of one trajectory of that task."""
 
-    def __init__(self, max_turns: int, timeout_s: float, checker=None):
+    def __init__(self, max_turns: int, timeout_s: float, tool_turns: str = "inline", checker=None):
         from swarmrl.tasks.graders.checker import CheckerProcess
 
         self.max_turns = max_turns
+        # "tool": the model ends its turn after a call, and the answer is a tool turn
+        self.turn_role = "tool" if tool_turns == "template" else None
         self.checker = checker or CheckerProcess("swarmrl.tasks.sources.environments", timeout_s)
         self.second: CheckerProcess | None = None  # a second opinion (`BoundTools.doubt`)
 
     def ends(self, model_span: str) -> bool:
-        return call_at_end(model_span) is not None
+        return not self.turn_role and call_at_end(model_span) is not None
+
+    def answer(self, output: str) -> str:
+        """The environment's span for an output: `<tool_response>...</tool_response>`
+        inline, or the output itself as a tool turn's content."""
+        return answer_content(output) if self.turn_role else response_text(output)
 
     def second_checker(self):
         """Another checker process than the one that answers, for a second opinion:
@@ -328,11 +355,12 @@ class BoundTools:
 
     def __init__(self, env: VerifiersEnvironment, info: dict):
         self.env, self.info = env, info
+        self.turn_role = env.turn_role
         self.calls: list[str] = []  # the call of each model span so far, by turn
         self.failed: dict[int, str] = {}  # turns whose tools gave no output, and why
 
     def ends(self, model_span: str) -> bool:
-        return call_at_end(model_span) is not None
+        return self.env.ends(model_span)
 
     def respond(self, model_span: str, turn: int) -> str | None:
         """The environment's span after model span `turn` (0-based), or None when the
@@ -345,21 +373,23 @@ class BoundTools:
         self.failed.pop(turn, None)
         if isinstance(got, str):
             self.failed[turn] = got
-            return response_text(got)
-        return response_text(got[-1])
+            return self.env.answer(got)
+        return self.env.answer(got[-1])
 
     def doubt(self, model_span: str, turn: int, answer: str, claimed: str) -> str | None:
         """Why the file's span `claimed` may differ from `answer` through no fault of
         the worker: the tools ran out of time or their process died, here (known out
         of band, not from the text) or on the worker (its text says so), or they
         answer differently on a second run in another process."""
-        if turn in self.failed or claimed in (response_text(TIME_LIMIT), response_text(DIED)):
+        failures = (self.env.answer(TIME_LIMIT), self.env.answer(DIED))
+        said = {line.strip() for line in claimed.splitlines()} if self.turn_role else {claimed}
+        if turn in self.failed or said & set(failures):
             return (
                 "the taskset's tools ran out of time or their process died (on the worker or here)"
             )
         call = call_at_end(model_span)
         again = self.env.outputs(self.info, [*self.calls[:turn], call], self.env.second_checker())
-        if isinstance(again, str) or response_text(again[-1]) != answer:
+        if isinstance(again, str) or self.env.answer(again[-1]) != answer:
             return "the taskset's tools answer differently on a second run"
         return None
 

@@ -20,11 +20,13 @@ validator's one prefill:
   (no call, or the turn limit), or when the environment's answer would not fit
   with room for one more token.
 
-An environment with `user_turns` (a verifiers taskset's own multi-turn `Env`,
-envs/verifiers_episodes.py) answers the model's end of turn instead of a tool
-call: the model's span ends on its end-of-sequence token, and the environment's
-text goes in as the next user turn of the model's chat template (`user_turn`);
-the trajectory ends when the environment has no more turns.
+An environment with a `turn_role` answers the model's end of turn instead of a
+tool call: the model's span ends on its end-of-sequence token, and the
+environment's text goes in as the next turn of the model's chat template in
+that role (`template_turn`): "user" for a verifiers taskset's own multi-turn
+`Env` (envs/verifiers_episodes.py), "tool" for the answer to a call that ended
+the turn (`env.tool_turns = "template"`). The trajectory ends when the
+environment gives no turn.
 
 `replay` is the validator's side of the same rules: from a file's tokens and
 mask it recomputes where each model span had to end and what the environment
@@ -58,40 +60,54 @@ class Trajectory:
 SENTINEL = "\x00swarmrl-reply\x00"
 
 
-def user_turn(tokenizer, content: str) -> str:
-    """The text that follows the model's end-of-turn token when the next user turn
-    says `content`: from the chat template (what closes the assistant's turn after
-    that token, the user turn, the assistant's generation prompt), or, for a model
-    without one (the tiny model, prompted `prompt + "\n"`), `content` on a line of
-    its own."""
+def template_turn(tokenizer, content: str, role: str = "user") -> str:
+    """The text that follows the model's end-of-turn token when the next turn, in
+    `role` ("user" or "tool"), says `content`: from the chat template (what closes
+    the assistant's turn after that token, the new turn, the assistant's generation
+    prompt), or, for a model without one (the tiny model, prompted `prompt + "\n"`),
+    `content` on a line of its own."""
     if not getattr(tokenizer, "chat_template", None):
         return f"\n{content}\n"
-    head, tail = _template_turn(tokenizer)
+    head, tail = _template_turn(tokenizer, role)
     return head + content + tail
+
+
+def user_turn(tokenizer, content: str) -> str:
+    return template_turn(tokenizer, content, "user")
 
 
 _TEMPLATE_TURNS: dict = {}
 
 
-def _template_turn(tokenizer) -> tuple[str, str]:
-    """(the template's text between the end-of-turn token and a user turn's content,
-    the text after the content), found by rendering a conversation with one more turn."""
+def _template_turn(tokenizer, role: str) -> tuple[str, str]:
+    """(the template's text between the end-of-turn token and the content of a turn
+    in `role`, the text after the content), found by rendering a conversation with one
+    more turn."""
     from swarmrl.errors import ConfigError
 
-    key = (tokenizer.name_or_path, tokenizer.chat_template, tokenizer.eos_token)
+    key = (tokenizer.name_or_path, tokenizer.chat_template, tokenizer.eos_token, role)
     if key not in _TEMPLATE_TURNS:
         mark = "\x00swarmrl-turn\x00"
         talk = [{"role": "user", "content": "q"}, {"role": "assistant", "content": SENTINEL}]
-        a = tokenizer.apply_chat_template(talk, tokenize=False)
-        b = tokenizer.apply_chat_template(
-            [*talk, {"role": "user", "content": mark}], tokenize=False, add_generation_prompt=True
-        )
+        try:
+            a = tokenizer.apply_chat_template(talk, tokenize=False)
+            b = tokenizer.apply_chat_template(
+                [*talk, {"role": role, "content": mark}], tokenize=False,
+                add_generation_prompt=True,
+            )  # fmt: skip
+        except Exception as e:  # recovered: a template that raises on a role says so
+            raise ConfigError(
+                f"this model's chat template cannot render a {role} turn: {e}"
+            ) from None
         end = a.find(SENTINEL) + len(SENTINEL)
         eos = tokenizer.eos_token or ""
-        if not (b.startswith(a) and a.count(SENTINEL) == 1 and a.startswith(eos, end)):
+        if not (
+            b.startswith(a) and a.count(SENTINEL) == 1 and a.startswith(eos, end)
+            and b[len(a):].count(mark) == 1
+        ):  # fmt: skip
             raise ConfigError(
                 "this model's chat template does not close an assistant turn with its "
-                f"end-of-sequence token {eos!r} and append the next turn after it; a "
+                f"end-of-sequence token {eos!r} and append a {role} turn after it; a "
                 "multi-turn environment writes its turns that way"
             )
         turn = a[end + len(eos) :] + b[len(a) :]
@@ -101,10 +117,11 @@ def _template_turn(tokenizer) -> tuple[str, str]:
 
 
 def env_ids(env, tokenizer, answer: str) -> list[int]:
-    """The tokens of the environment's span `answer` (a user turn where the
-    environment has `user_turns`)."""
-    if getattr(env, "user_turns", False):
-        answer = user_turn(tokenizer, answer)
+    """The tokens of the environment's span `answer` (a turn of the chat template
+    where the environment has a `turn_role`)."""
+    role = getattr(env, "turn_role", None)
+    if role:
+        answer = template_turn(tokenizer, answer, role)
     return tokenizer(answer, add_special_tokens=False)["input_ids"]
 
 
@@ -188,8 +205,8 @@ def generate_trajectories(
             mask[i] += [1] * k
             pending[i] = 0
             finished[i] = c.finished
-            user_turns = getattr(envs[i], "user_turns", False)
-            if c.finished != user_turns or len(comp[i]) >= max_new_tokens:
+            turns = bool(getattr(envs[i], "turn_role", None))  # its turns follow an end of turn
+            if c.finished != turns or len(comp[i]) >= max_new_tokens:
                 continue  # end of sequence, a span cut by the budget, or the budget
             answer = envs[i].respond(tokenizer.decode(c.tokens, skip_special_tokens=True), turn[i])
             if answer is None:
@@ -238,7 +255,7 @@ def replay(
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     parts = mask_spans(mask)
-    user_turns = getattr(env, "user_turns", False)
+    turns = bool(getattr(env, "turn_role", None))  # spans end on end of turn
     turn = 0
     pending = None  # the first turn the environment cannot settle: reported if nothing fails
     for k, (a, b, model) in enumerate(parts):
@@ -246,7 +263,7 @@ def replay(
             continue
         span = tokens[a:b]
         last = k == len(parts) - 1
-        if eos_id in span[:-1] or (not last and span[-1] == eos_id and not user_turns):
+        if eos_id in span[:-1] or (not last and span[-1] == eos_id and not turns):
             return "termination", f"turn {turn}: the trajectory goes on after end of sequence"
         for i in range(1, len(span)):
             if env.ends(text(span[:i])):
@@ -255,9 +272,9 @@ def replay(
                     f"(completion token {a + i - 1})"
                 )
         # what hands the turn to the environment: the model's end of turn, or a call
-        called = span[-1] == eos_id if user_turns else env.ends(text(span))
+        called = span[-1] == eos_id if turns else env.ends(text(span))
         if last:
-            if (span[-1] == eos_id and not user_turns) or b >= max_new_tokens:
+            if (span[-1] == eos_id and not turns) or b >= max_new_tokens:
                 return pending
             if not called:
                 return "termination", (
@@ -277,7 +294,7 @@ def replay(
                 return pending or ("unverifiable", f"turn {turn}: {why}")
             return "environment", f"turn {turn}: the trajectory stops where the environment answers"
         if not called:
-            what = "end of turn" if user_turns else "tool call"
+            what = "end of turn" if turns else "tool call"
             return "termination", f"turn {turn}: a model span ends with no {what} to end it"
         answer = env.respond(text(span), turn)
         if answer is None:

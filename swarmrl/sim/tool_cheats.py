@@ -28,6 +28,7 @@ from swarmrl.envs.python_tool import PythonLimits
 from swarmrl.envs.tools import CalcLimits
 from swarmrl.inference import worker
 from swarmrl.inference.generation import Completion
+from swarmrl.inference.trajectory import env_ids
 from swarmrl.protocol.rollouts import spans
 from swarmrl.sim.cheats import Cheat, prove_by_prefill
 
@@ -136,7 +137,7 @@ class EditedAfterTool(Cheat):
             if answer is None or any(row_env.ends(text(tokens[:i])) for i in range(1, end)):
                 out.append(r)  # the edit moved or took away the call: nothing to pass off
                 continue
-            ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+            ids = env_ids(row_env, tokenizer, answer)
             e0, e1, _ = parts[1]
             tokens = tokens[:e0] + ids + tokens[e1:]
             logprobs = r["completion_logprobs"][:e0] + [0.0] * len(ids)

@@ -306,3 +306,59 @@ def test_the_launcher_refuses_tool_cheats_in_a_run_without_tools():
     assert _cheat_list(2, ["truncate", "forged-tool-result"], multi_turn=True) == [
         "truncate", "forged-tool-result"
     ]  # fmt: skip
+
+
+# a ChatML template with a tool role, written for this test: a tool message becomes a
+# user turn holding <tool_response>...</tool_response>, the convention of Qwen-style models
+TOOL_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
+    "{{ m.content }}\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_call_answered_in_a_tool_turn_of_the_chat_template():
+    """`env.tool_turns = "template"`: the model ends its turn after the call, and the
+    answer is rendered as the template renders a tool message; the validator replays
+    it by the same rule."""
+    from swarmrl.errors import ConfigError
+    from swarmrl.inference.trajectory import env_ids
+    from swarmrl.models.loading import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    tok.chat_template = TOOL_TEMPLATE
+    eos = tok.eos_token_id
+    env = ToolEnvironment(("calc",), max_turns=3, syntax="json", tool_turns="template")
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "47 * 382"}}</tool_call>'
+    assert not env.ends("Let me compute. " + call)  # only the end of turn ends a span
+    assert env.respond("Let me compute. " + call, 0) == "17954"
+    turn = "\n<|im_start|>user\n<tool_response>\n17954\n</tool_response><|im_end|>\n"
+    turn += "<|im_start|>assistant\n"
+    assert env_ids(env, tok, "17954") == tok(turn, add_special_tokens=False)["input_ids"]
+
+    def trajectory(parts):
+        ids, mask = [], []
+        for text, model in parts:
+            piece = tok(text, add_special_tokens=False)["input_ids"] if model else text
+            piece = piece + [eos] if model == 1 else piece
+            ids += piece
+            mask += [1 if model else 0] * len(piece)
+        return ids, mask
+
+    def check(parts):
+        ids, mask = trajectory(parts)
+        return replay(env, tok, ids, mask, eos, 400)
+
+    answer = env_ids(env, tok, "17954")
+    assert check([("Let me compute. " + call, 1), (answer, 0), ("It is 17954.", 1)]) is None
+    forged = env_ids(env, tok, "17955")
+    got = check([("Let me compute. " + call, 1), (forged, 0), ("It is 17955.", 1)])
+    assert got is not None and got[0] == "environment", got
+    no_eos = [("Let me compute. " + call, 2), (answer, 0), ("It is 17954.", 1)]  # 2: no EOS
+    got = check(no_eos)
+    assert got is not None and got[0] == "termination" and "end of turn" in got[1], got
+    got = check([("It is 17954.", 1), (answer, 0), ("Sure.", 1)])  # no call, and it goes on
+    assert got is not None and got[0] == "environment", got
+    with pytest.raises(ConfigError, match="set env.syntax = 'json'"):
+        ToolEnvironment(("calc",), max_turns=3, syntax="tag", tool_turns="template")

@@ -29,7 +29,7 @@ EXAMPLE_ENV = Path(__file__).resolve().parents[2] / "examples" / "verifiers_env"
 GAME = TaskConfig(name="verifiers", env="swarmrl-game-env", env_args={"count": 12})
 RUN = ["task.name=verifiers", 'task.env="swarmrl-game-env"', "task.env_args={count=12}",
        'env.kind="verifiers"', "env.max_turns=3", "sampling.max_prompt_tokens=1024",
-       "sampling.max_new_tokens=60"]  # fmt: skip
+       "sampling.max_new_tokens=80"]  # fmt: skip
 
 ENV_HEAD = """
     import random, time
@@ -172,16 +172,20 @@ def test_a_file_of_game_trajectories_is_checked_by_replaying_the_episode(
     tasks = {maker.source.get("train", i).problem_id: maker.source.get("train", i)
              for i in range(maker.source.n_records)}  # fmt: skip
 
-    def rewrite(rows, hint_of, after=()):
+    def rewrite(rows, hint_of, after=(), lose=False):
+        """Each row: a wrong guess, the hint, the right one (or, `lose` on odd rows, three
+        wrong guesses), then the replies `after`."""
         out = []
-        for r in rows:
+        for i, r in enumerate(rows):
             task = tasks[r["problem_id"]]
             n = secret(task)
             wrong = n % 20 + 1
             replies = [str(wrong), str(n), *after]
-            parts = [(replies[0], 1), (user_turn(tok, hint_of(wrong, n)), 0), (replies[1], 1)]
-            for extra in after:
-                parts += [(user_turn(tok, "Guess again."), 0), (extra, 1)]
+            if lose and i % 2:
+                replies = [str(wrong)] * 3
+            parts = [(replies[0], 1)]
+            for reply in replies[1:]:
+                parts += [(user_turn(tok, hint_of(wrong, n)), 0), (reply, 1)]
             ids, mask = _trajectory(tok, eos, parts)
             text = tok.decode(ids, skip_special_tokens=True)
             reward = verify(task, text, replies)
@@ -205,6 +209,12 @@ def test_a_file_of_game_trajectories_is_checked_by_replaying_the_episode(
         check_without_model(ctx, key, write_rollouts(rewrite(rows, lie)))
     assert e.value.check == "environment", e.value.reason
 
+    mixed = rewrite(rows, honest_hint, lose=True)
+    assert sorted({round(r["task_reward"], 3) for r in mixed}) == [0.0, 0.9]
+    mixed_data = write_rollouts(mixed)
+    check_without_model(ctx, key, mixed_data)
+    trains_on_the_model_tokens_only(cfg, key, mixed_data)
+
     with pytest.raises(Reject) as e:  # the game ended on the right guess; the file goes on
         check_without_model(ctx, key, write_rollouts(rewrite(rows, honest_hint, after=["1"])))
     assert e.value.check == "environment" and "ends the trajectory here" in e.value.reason
@@ -217,6 +227,30 @@ def test_a_file_of_game_trajectories_is_checked_by_replaying_the_episode(
     with pytest.raises(Reject) as e:
         check_without_model(ctx, key, write_rollouts(cut))
     assert e.value.check == "termination" and "end of turn" in e.value.reason
+
+
+def trains_on_the_model_tokens_only(cfg, key: str, data: bytes) -> None:
+    """The trainer's batch of an accepted file of game trajectories keeps each mask, and
+    its update counts the model's tokens only (its end-of-turn tokens included)."""
+    import torch
+
+    from swarmrl.config import TrainerConfig
+    from swarmrl.models.loading import load_model
+    from swarmrl.protocol.rollouts import Limits
+    from swarmrl.trainer.batch import BatchCollector
+    from swarmrl.trainer.step import grpo_update
+    from tests.unit.test_store_and_batch import MemoryQueue
+
+    q = MemoryQueue()
+    q.put(key, data, {"accepted": True})
+    limits = Limits(group_size=cfg.worker.group_size, max_turns=cfg.env.max_turns)
+    batch = BatchCollector(q, limits, async_level=2, poll_s=0.01).collect(1, 1)
+    assert batch.samples and all(s.completion_mask for s in batch.samples)
+    model = load_model(str(cfg.model.path), "float32")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    stats = grpo_update(model, None, opt, batch.samples, TrainerConfig(micro_batch=8), 40.0, 1)
+    assert stats.tokens == sum(sum(s.completion_mask) for s in batch.samples)
+    assert stats.tokens < sum(len(s.completion_tokens) for s in batch.samples)
 
 
 def test_a_user_turn_follows_the_chat_template(random_model_dir):

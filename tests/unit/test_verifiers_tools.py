@@ -397,3 +397,25 @@ def test_every_node_runs_the_runs_taskset_and_library_versions(tmp_path):
         after = fingerprint("swarmrl-test-fingerprint")
     assert before != after and before.split("taskset")[0] == after.split("taskset")[0]
     check_fingerprint(TOOLS)  # no pin: a node's own config before it has the run's
+
+
+def test_in_tool_turns_a_call_is_answered_with_its_output_and_rewards_read_the_spans():
+    """`env.tool_turns = "template"`: the answer is the output alone (the chat template
+    wraps it in a tool turn), and the reward rebuilds the turns from the model's spans,
+    which the decoded text (template tokens dropped) no longer shows."""
+    env = environment_of(load_config(None, [*RUN, 'env.tool_turns="template"']))
+    cfg = TaskConfig(name="verifiers", env="swarmrl-tools-env",
+                     env_args={"count": 12, "task": {"require_tool": True}})  # fmt: skip
+    task = TaskSource(cfg, 0).get("train", 2)
+    a, b = factors(task)
+    tools = env.bind(TaskSource(TOOLS, 0).get("train", 2))
+    assert tools.turn_role == "tool" and not tools.ends(call("multiply", a=a, b=b))
+    assert tools.respond(call("multiply", a=a, b=b), 0) == str(a * b)
+    replies = [f"Let me see. {call('multiply', a=a, b=b)}", f"So it is {a * b}"]
+    text = (
+        f"{replies[0]}\nuser\n<tool_response>\n{a * b}\n</tool_response>\nassistant\n{replies[1]}"
+    )
+    assert verify(task, text, replies) == 1.0
+    assert verify(task, text) == 0.0  # read from the text alone, no tool turn shows
+    assert verify(task, text, [f"So it is {a * b}"]) == 0.0  # the tool never computed it
+    env.checker.close()

@@ -90,8 +90,7 @@ def _load(env: str, args_json: str) -> list:
         why += [w for w in _row_problems(task) if w not in why]
     if why:
         raise TaskError(
-            f"task.env '{env}' is not a taskset swarmrl can grade offline: "
-            + "; ".join(why)
+            f"task.env '{env}' is not a taskset swarmrl can grade offline: " + "; ".join(why)
         )
     return rows
 
@@ -312,19 +311,23 @@ def records(cfg: TaskConfig) -> list[Task]:
     return out
 
 
-def _trace(verifiers, vf, task, completion: str):
+def _trace(verifiers, vf, task, completion: str, spans: list[str] | None = None):
     """The trace the taskset's rewards read: the prompt's messages, then the
     completion as one assistant message, or, for a task with tools, its turns (each
     call an assistant message with `tool_calls`, its output a tool message) and the
-    tools' state after them."""
+    tools' state after them: from the model's `spans` where given, else read from the
+    text by the generation rule."""
     from verifiers.v1.state import state_cls
 
-    from swarmrl.envs.verifiers_tools import split_turns
+    from swarmrl.envs.verifiers_tools import split_turns, turns_from_replies
 
     replies: list = [vf.AssistantMessage(content=completion)]
     state = state_cls(type(task))()
     if type(task).toolsets(task.config):
-        turns, state = split_turns(task, completion)
+        if spans is not None:
+            turns, state = turns_from_replies(task, spans)
+        else:
+            turns, state = split_turns(task, completion)
         replies = []
         for k, (text, call, output) in enumerate(turns):
             calls = None
@@ -395,10 +398,10 @@ def _score(request: list) -> float | bool | list[str]:
         from swarmrl.envs.verifiers_episodes import score
 
         return score(request[1], request[2])
-    info, completion = request
+    info, completion, *spans = request  # spans: the model's, of a trajectory
     verifiers, vf = _import()
     task = _load(info["env"], json.dumps(info["args"], sort_keys=True))[info["row"]]
-    trace = _trace(verifiers, vf, task, completion)
+    trace = _trace(verifiers, vf, task, completion, spans[0] if spans else None)
     try:
         asyncio.run(task.score(trace))
     except Exception:  # recovered: a reward that fails on this completion grades it 0
@@ -435,10 +438,12 @@ def score_env(
     model's spans of a trajectory, which a taskset's own environment plays."""
     checker = checker or _checker
     checker.warm(["load", info["env"], info["args"]])
-    if replies is not None and _has_episodes(info):
+    if replies is None:
+        got = checker.call([info, completion])
+    elif _has_episodes(info):
         got = checker.call(["episode_score", info, replies])
     else:
-        got = checker.call([info, completion])
+        got = checker.call([info, completion, replies])
     return 0.0 if got is None else float(got)
 
 
