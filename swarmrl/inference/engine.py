@@ -88,14 +88,6 @@ def make_engine(
     is chosen."""
     inf = cfg.inference
     which = "hf" if prefill else resolve_engine(name or inf.backend)
-    if which == "vllm" and cfg.env.kind != "none":
-        if (name or inf.backend) != "auto":
-            raise ConfigError(
-                "multi-turn trajectories ([env] kind = 'tools') are generated with the "
-                "transformers engine only (inference/trajectory.py); set inference.backend "
-                "= 'hf' or 'auto'"
-            )
-        which = "hf"  # 'auto' on a GPU with vLLM: trajectories need the hf engine
     if which == "hf":
         from swarmrl.inference.hf import HFBackend
 

@@ -152,6 +152,12 @@ def generate_trajectories(
     (`ends(span_text) -> bool`, `respond(span_text, turn) -> str | None`), or a list of
     one environment per prompt (envs/environment.py: `bound`). `greedy`: the argmax
     token at every step (held-out evaluation; seeds and temperature unused)."""
+    if hasattr(backend, "last_states"):  # the vLLM engine
+        if greedy:
+            raise ValueError("greedy trajectories are generated with the transformers engine")
+        return generate_trajectories_vllm(
+            backend, tokenizer, env, prompts, seeds, max_new_tokens, temperature, top_p, proofs
+        )
     import torch
 
     from swarmrl.inference.generation import greedy as argmax
@@ -223,6 +229,83 @@ def generate_trajectories(
     out = [Trajectory(comp[i], logps[i], mask[i], finished[i]) for i in range(n)]
     if proofs:
         for t, pb in zip(out, build_proofs_many([torch.cat(h) for h in hidden]), strict=True):
+            t.proofs = pb
+    return out
+
+
+def generate_trajectories_vllm(
+    backend, tokenizer, env, prompts: list[list[int]], seeds: list[int],
+    max_new_tokens: int, temperature: float, top_p: float, proofs: bool = True,
+) -> list[Trajectory]:  # fmt: skip
+    """`generate_trajectories` on the vLLM engine (inference/vllm.py), by the same
+    rules. Each turn is one `backend.sample` per active trajectory over the prompt
+    and the spans so far, with the Gumbel positions starting at the completion's
+    length. vLLM cannot stop a sample on the environment's call rule, so a turn
+    samples on to end of sequence or its share of the budget and is cut at the
+    first token where `env.ends` holds: the tokens up to there are the ones the
+    transformers engine would have drawn (each token's noise depends only on its
+    position), and the rest are dropped. The states that predict the environment's
+    tokens lie inside the next turn's prefill, where vLLM takes no logits; they are
+    computed after the last turn with `backend.last_states` over the trajectory's
+    prefixes, batched."""
+    n = len(prompts)
+    envs = env if isinstance(env, list) else [env] * n
+    comp: list[list[int]] = [[] for _ in range(n)]
+    logps: list[list[float]] = [[] for _ in range(n)]
+    mask: list[list[int]] = [[] for _ in range(n)]
+    states: list[dict[int, object]] = [{} for _ in range(n)]  # completion position -> state
+    finished = [False] * n
+    turn = [0] * n
+    active = list(range(n))
+    while active:
+        got = backend.sample(
+            [prompts[i] + comp[i] for i in active], [seeds[i] for i in active],
+            [max_new_tokens - len(comp[i]) for i in active], [len(comp[i]) for i in active],
+            temperature, top_p, proofs,
+        )  # fmt: skip
+        rows, active = active, []
+        for i, t in zip(rows, got, strict=True):
+            k = len(t.tokens)
+            for j in range(1, k + 1):  # the call rule, as the transformers engine applies it
+                if t.tokens[j - 1] == backend.eos_id:
+                    break
+                if envs[i].ends(tokenizer.decode(t.tokens[:j], skip_special_tokens=True)):
+                    k = j
+                    break
+            start = len(comp[i])
+            if proofs:
+                for j in range(k):
+                    states[i][start + j] = t.hidden[j]
+            span = t.tokens[:k]
+            comp[i] += span
+            logps[i] += t.logprobs[:k]
+            mask[i] += [1] * k
+            done = k > 0 and span[-1] == backend.eos_id
+            finished[i] = done
+            turns = bool(getattr(envs[i], "turn_role", None))
+            if done != turns or len(comp[i]) >= max_new_tokens:
+                continue
+            answer = envs[i].respond(tokenizer.decode(span, skip_special_tokens=True), turn[i])
+            if answer is None:
+                continue
+            ids = env_ids(envs[i], tokenizer, answer)
+            if len(comp[i]) + len(ids) >= max_new_tokens:
+                continue
+            comp[i] += ids
+            logps[i] += [0.0] * len(ids)
+            mask[i] += [0] * len(ids)
+            turn[i] += 1
+            active.append(i)
+    out = [Trajectory(comp[i], logps[i], mask[i], finished[i]) for i in range(n)]
+    if proofs:
+        import torch
+
+        wanted = [(i, p) for i in range(n) for p in range(len(comp[i])) if p not in states[i]]
+        got = backend.last_states([prompts[i] + comp[i][:p] for i, p in wanted])
+        for (i, p), h in zip(wanted, got, strict=True):
+            states[i][p] = h
+        hidden = [torch.stack([states[i][p] for p in range(len(comp[i]))]) for i in range(n)]
+        for t, pb in zip(out, build_proofs_many(hidden), strict=True):
             t.proofs = pb
     return out
 

@@ -63,9 +63,21 @@ class _Sample:
     seed: int
     temperature: float
     top_p: float
+    offset: int = 0  # the Gumbel noise's position of output token 0 (a trajectory's turn)
     tokens: dict[int, int] = field(default_factory=dict)
     logprobs: dict[int, float] = field(default_factory=dict)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class Turn:
+    """One sample of `VLLMBackend.sample`: its tokens, their log-probs, whether it
+    ended on end of sequence, and the states that predicted them ([n, hidden])."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finished: bool
+    hidden: torch.Tensor | None = None
 
 
 class _Registry:
@@ -139,7 +151,9 @@ def _processor_class():
                 seeds = torch.tensor(
                     [REGISTRY.samples[k].seed for _, k, _ in rows], dtype=torch.int64
                 )
-                positions = torch.tensor([p for _, _, p in rows], dtype=torch.int64)
+                positions = torch.tensor(
+                    [p + REGISTRY.samples[k].offset for _, k, p in rows], dtype=torch.int64
+                )
                 sub = logits.index_select(0, idx)
                 tok, lp = gumbel_sample(
                     sub, seeds.to(sub.device), positions.to(sub.device), temperature, top_p
@@ -316,61 +330,86 @@ class VLLMBackend:
 
     def generate(self, prompts, seeds, max_new_tokens, temperature, top_p, proofs=True):
         """One completion per prompt, drawn with its own seed; with TOPLOC proofs if asked."""
+        turns = self.sample(
+            prompts, seeds, [max_new_tokens] * len(prompts), [0] * len(prompts),
+            temperature, top_p, proofs,
+        )  # fmt: skip
+        done = [Completion(t.tokens, t.logprobs, t.finished) for t in turns]
+        if proofs:
+            for c, pb in zip(done, build_proofs_many([t.hidden for t in turns]), strict=True):
+                c.proofs = pb
+        return done
+
+    def sample(
+        self, prompts, seeds, max_tokens: list[int], offsets: list[int], temperature: float,
+        top_p: float, capture: bool = True,
+    ) -> list[Turn]:  # fmt: skip
+        """One sample per prompt, each up to its `max_tokens` or end of sequence, with
+        its own seed and the Gumbel positions starting at its `offset` (a trajectory's
+        turn: the completion's length so far); `capture`: keep the final-norm state
+        that predicted each token (`Turn.hidden`)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if len(prompts) != len(seeds):
+        if not len(prompts) == len(seeds) == len(max_tokens) == len(offsets):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         self.calls += 1
         keys = [f"{self.calls}:{i}" for i in range(len(prompts))]
-        for key, seed in zip(keys, seeds, strict=True):
-            REGISTRY.samples[key] = _Sample(int(seed), float(temperature), float(top_p))
-        REGISTRY.capture = proofs
+        for key, seed, offset in zip(keys, seeds, offsets, strict=True):
+            REGISTRY.samples[key] = _Sample(int(seed), float(temperature), float(top_p), offset)
+        REGISTRY.capture = capture
         params = [
             SamplingParams(
                 temperature=0.0,
-                max_tokens=max_new_tokens,
+                max_tokens=int(n),
                 stop_token_ids=[self.eos_id],  # the HF rule: this one token ends a sample,
                 ignore_eos=True,  # not the other EOS ids a generation_config may list
                 detokenize=False,
                 extra_args={EXTRA_KEY: key},
             )
-            for key in keys
+            for key, n in zip(keys, max_tokens, strict=True)
         ]
         try:
             outs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
             )
-            return self._collect(outs, keys, proofs, max_new_tokens)
+            return [
+                self._collect(out, key, capture, n)
+                for out, key, n in zip(outs, keys, max_tokens, strict=True)
+            ]
         finally:
             for key in keys:
                 REGISTRY.samples.pop(key, None)
 
-    def _collect(self, outs, keys, proofs, max_new_tokens) -> list[Completion]:
-        done, hidden = [], []
-        for out, key in zip(outs, keys, strict=True):
-            s = REGISTRY.samples[key]
-            tokens = list(out.outputs[0].token_ids)
-            n = len(tokens)
-            recorded = [s.tokens.get(t) for t in range(n)]
-            if recorded != tokens:
-                raise RuntimeError(
-                    f"vLLM returned tokens {tokens[:8]}... that the seeded sampler did not "
-                    f"choose {recorded[:8]}...: its logits processors ran differently"
-                )
-            finished = n > 0 and tokens[-1] == self.eos_id
-            if not finished and n < max_new_tokens:
-                raise RuntimeError(
-                    f"vLLM stopped a sample after {n} of {max_new_tokens} tokens without EOS "
-                    f"({out.outputs[0].finish_reason}): raise the engine's max_model_len"
-                )
-            done.append(Completion(tokens, [s.logprobs[t] for t in range(n)], finished))
-            if proofs:
-                missing = [t for t in range(n) if t not in s.hidden]
-                if missing:
-                    raise RuntimeError(f"no hidden state captured at positions {missing[:5]}")
-                hidden.append(torch.stack([s.hidden[t] for t in range(n)]))
-        if proofs:
-            for c, pb in zip(done, build_proofs_many(hidden), strict=True):
-                c.proofs = pb
-        return done
+    def last_states(self, prefixes: list[list[int]]) -> list[torch.Tensor]:
+        """The final-norm state at the last position of each token sequence (bfloat16,
+        on the CPU): what predicts the token after it. A trajectory's proofs need it
+        at the positions of the environment's tokens, which vLLM computes only inside
+        a prefill, where its logits are not taken."""
+        turns = self.sample(prefixes, [0] * len(prefixes), [1] * len(prefixes),
+                            [0] * len(prefixes), 1.0, 1.0)  # fmt: skip
+        return [t.hidden[0] for t in turns]
+
+    def _collect(self, out, key: str, capture: bool, max_tokens: int) -> Turn:
+        s = REGISTRY.samples[key]
+        tokens = list(out.outputs[0].token_ids)
+        n = len(tokens)
+        recorded = [s.tokens.get(t) for t in range(n)]
+        if recorded != tokens:
+            raise RuntimeError(
+                f"vLLM returned tokens {tokens[:8]}... that the seeded sampler did not "
+                f"choose {recorded[:8]}...: its logits processors ran differently"
+            )
+        finished = n > 0 and tokens[-1] == self.eos_id
+        if not finished and n < max_tokens:
+            raise RuntimeError(
+                f"vLLM stopped a sample after {n} of {max_tokens} tokens without EOS "
+                f"({out.outputs[0].finish_reason}): raise the engine's max_model_len"
+            )
+        hidden = None
+        if capture:
+            missing = [t for t in range(n) if t not in s.hidden]
+            if missing:
+                raise RuntimeError(f"no hidden state captured at positions {missing[:5]}")
+            hidden = torch.stack([s.hidden[t] for t in range(n)])
+        return Turn(tokens, [s.logprobs[t] for t in range(n)], finished, hidden)

@@ -115,3 +115,51 @@ def test_weights_swap_in_place_and_back(made):
         assert report["other"][sampler] != report["before"][sampler]
     assert report["after"] == report["before"]  # and swapping back restores the policy
     assert all(0 < s < 30 for s in report["swap_s"])
+
+
+def test_a_vllm_trajectory_file_is_accepted(made, random_model_dir):
+    """Trajectories made on vLLM (turns cut at the environment's call rule, the
+    states of the environment's positions taken by prefill) pass every check."""
+    from swarmrl.envs import environment as environment_module
+    from swarmrl.protocol.rollouts import spans
+    from tests.unit.test_multiturn import Echo
+    from tests.unit.vllm_files import TRAJECTORY_RUN
+
+    _, tmp, report = made
+    cfg = small_run(tmp, random_model_dir, *TRAJECTORY_RUN)
+    key_env = environment_module.built_key(cfg)
+    environment_module._BUILT[key_env] = Echo()
+    try:
+        key, data = _file(report, "trajectory_file")
+        rows = read_rollouts(data)
+        assert any(len(spans(r["completion_mask"])) >= 3 for r in rows)  # Echo answered
+        v = make_judge(cfg, tmp).judge(key, data, issued=issued(key))
+        assert v.accepted, (v.check, v.reason)
+    finally:
+        environment_module._BUILT.pop(key_env)
+
+
+@pytest.mark.parametrize("name", ["echo", "nag"])
+def test_vllm_and_hf_make_the_same_trajectories(made, random_model_dir, name):
+    """The same seeds give the same trajectories on both engines: a turn cut at a call
+    (echo) and turns that end on end of sequence, answered by a user turn (nag)."""
+    from swarmrl.inference.trajectory import generate_trajectories
+    from swarmrl.models.loading import load_tokenizer
+    from tests.unit.test_multiturn import Echo
+    from tests.unit.vllm_files import Nag
+
+    _, _, report = made
+    prompts, seeds = report["trajectory_prompts"]
+    hf = HFBackend()
+    hf.load(random_model_dir)
+    env = Echo() if name == "echo" else Nag()
+    mine = generate_trajectories(
+        hf, load_tokenizer(str(random_model_dir)), env, prompts, seeds, 40, 1.0, 1.0
+    )
+    theirs = report[name]
+    assert [t.tokens for t in mine] == [v[0] for v in theirs]
+    assert [t.mask for t in mine] == [v[2] for v in theirs]
+    assert [t.finished for t in mine] == [v[3] for v in theirs]
+    assert any(0 in v[2] for v in theirs)  # the environment answered
+    for t, v in zip(mine, theirs, strict=True):
+        assert max(abs(a - b) for a, b in zip(t.logprobs, v[1], strict=True)) < 1e-4

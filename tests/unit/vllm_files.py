@@ -68,7 +68,49 @@ def main(tmp: Path, model: Path, other: Path) -> None:
     backend.load(model)
     report["swap_s"].append(backend.swap_s)
     report["after"] = completions(backend, maker.tokenizer)
+    report.update(trajectories(tmp, model, backend, maker.tokenizer))
     (tmp / "vllm.json").write_text(json.dumps(report))
+
+
+class Nag:
+    """Answers each of the model's turns (they end on its end of sequence) with a user
+    turn, "more" and the turn's number, until the third."""
+
+    turn_role = "user"
+    max_turns = 3
+
+    def ends(self, span: str) -> bool:
+        return False
+
+    def respond(self, span: str, turn: int) -> str | None:
+        return None if turn + 1 >= self.max_turns else f"more {turn}"
+
+
+def trajectories(tmp: Path, model: Path, backend, tokenizer) -> dict:
+    """A file of trajectories with the test environment `Echo` (tests/unit/test_multiturn.py:
+    it ends a span after three characters, so vLLM samples past the call and the turn is
+    cut), and raw trajectories with `Echo` and `Nag` for the comparison with the HF engine."""
+    from bench.rollout_files import Maker, issued, small_run
+    from swarmrl.envs import environment as environment_module
+    from swarmrl.inference.trajectory import generate_trajectories
+    from swarmrl.models.prompting import encode_prompt, prompt_text
+    from tests.unit.test_multiturn import Echo
+
+    cfg = small_run(tmp, model, *TRAJECTORY_RUN)
+    environment_module._BUILT[environment_module.built_key(cfg)] = Echo()
+    maker = Maker(cfg, tmp, name="vllm-trajectories", backend=backend)
+    key, data = maker.file()
+    out = {"trajectory_file": [key, base64.b64encode(data).decode(), issued(key)]}
+    prompts = [encode_prompt(tokenizer, prompt_text(p, 0)) for p in PROMPTS for _ in range(2)]
+    seeds = list(range(300, 300 + len(prompts)))
+    out["trajectory_prompts"] = [prompts, seeds]
+    for name, env in (("echo", Echo()), ("nag", Nag())):
+        made = generate_trajectories(backend, tokenizer, env, prompts, seeds, 40, 1.0, 1.0)
+        out[name] = [[t.tokens, t.logprobs, t.mask, t.finished] for t in made]
+    return out
+
+
+TRAJECTORY_RUN = ('env.kind="tools"', "env.max_turns=3")
 
 
 if __name__ == "__main__":
