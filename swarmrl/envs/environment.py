@@ -101,6 +101,12 @@ class ToolEnvironment:
             return self._answer(f"error: the tool {call.tool!r} is not offered here")
         return self._answer(run_tool(call, self.limits, self.python))
 
+    @property
+    def failure_answers(self) -> tuple[str, ...]:
+        """The answers that say the tool gave none (replay reads a file's span as one of
+        these only when its tokens are exactly that answer's)."""
+        return (self._answer(TIME_LIMIT),) if "python" in self.tools else ()
+
     def doubt(self, model_span: str, turn: int, answer: str, claimed: str) -> str | None:
         """Why the file's environment span `claimed` may differ from this environment's
         `answer` through no fault of the worker (None: the difference is the worker's).
@@ -110,11 +116,7 @@ class ToolEnvironment:
         if call is None or call.tool != "python" or call.tool not in self.tools:
             return None
         limit = self._answer(TIME_LIMIT)
-        if self.turn_role:  # the file's turn, decoded, holds the answer on a line of its own
-            said = {line.strip() for line in claimed.splitlines()}
-            if answer == limit or limit in said:
-                return "the program ran into the time limit (on the worker or here)"
-        elif answer == limit or claimed == limit:  # exactly: a forged answer may quote it
+        if answer == limit or claimed == limit:  # exactly: a forged answer may quote it
             return "the program ran into the time limit (on the worker or here)"
         if self.respond(model_span, turn) != answer:
             return "the program's output differs between two runs (it reads what the sandbox does not fix)"

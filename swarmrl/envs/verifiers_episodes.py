@@ -38,6 +38,7 @@ difference there is refused as unverifiable, as for a taskset's tools
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import json
 
@@ -84,6 +85,7 @@ class _Interaction:
         return self
 
     async def __aexit__(self, *exc):
+        self.episode.trace.stop("user_closed")  # as verifiers' own interaction (if not stopped)
         return False
 
     async def turn(self, message=None):
@@ -106,6 +108,7 @@ class _Episode:
         self.replies, self.max_turns, self.stop_at_end = replies, max_turns, stop_at_end
         self.given = 0
         self.over = False
+        self.asked: str | None = None  # the turn sent past the script: the answer sought
 
     def _add(self, message, sampled: bool = False) -> None:
         parent = len(self.trace.nodes) - 1 if self.trace.nodes else None
@@ -117,6 +120,8 @@ class _Episode:
         from verifiers.v1.agent import Segment
 
         vf = self.vf
+        if self.asked is not None:  # the environment caught _Asked and went on: stop again
+            raise _Asked(self.asked)
         if self.over:
             raise RuntimeError("the exchange is over (the model's turns ended)")
         if (message is None) != (self.given == 0):
@@ -130,7 +135,8 @@ class _Episode:
             self._add(vf.UserMessage(content=message))
         if self.given >= min(len(self.replies), self.max_turns):
             if not self.stop_at_end and self.given < self.max_turns:
-                raise _Asked(message or "")
+                self.asked = message or ""
+                raise _Asked(self.asked)
             self.over = True
             self.trace.stop("max_turns" if self.given >= self.max_turns else "length")
             return Segment(messages=[], terminated=True)
@@ -169,29 +175,51 @@ def seat_name(env_class) -> str:
 
 def play(info: dict, replies: list[str], max_turns: int, stop_at_end: bool):
     """Run the row's episode on `replies`: (the turn the environment sent after the
-    last reply, or None when the episode ended there; the trace)."""
+    last reply, or None when the episode ended there; the trace). Each play gets a
+    copy of the row's task and of the environment object (what `run` sets on either
+    is gone after it), and an event loop of its own, shut down with its tasks,
+    generators and threads before the next play."""
     from swarmrl.tasks.sources.environments import empty_trace, task_row
 
     vf = _vf()
-    env = _environment(info["env"], json.dumps(info["args"], sort_keys=True))
-    task = task_row(info)
+    env = copy.copy(_environment(info["env"], json.dumps(info["args"], sort_keys=True)))
+    task = copy.deepcopy(task_row(info))
     trace = empty_trace(task)
     episode = _Episode(vf, task, trace, list(replies), max_turns, stop_at_end)
+    seat = seat_name(type(env))
 
     class Seats:
         def __getattr__(self, name):
-            if name != seat_name(type(env)):
+            if name != seat:
                 raise AttributeError(f"the environment has no seat {name!r}")
             return _Seat(episode)
 
+    try:
+        _run(env.run(task, Seats()))
+    except BaseException:
+        if episode.asked is None:  # a failure of the environment's own
+            raise
+    # an ask is the answer, however the environment ended after it (a finally that
+    # sends another turn, an except that swallows it, a task group that wraps it)
+    return episode.asked, trace
+
+
+def _run(coroutine) -> None:
+    """`coroutine` on a fresh event loop, left with nothing running."""
     loop = asyncio.new_event_loop()
     try:
-        loop.run_until_complete(env.run(task, Seats()))
-    except _Asked as asked:
-        return asked.text, trace
+        loop.run_until_complete(coroutine)
     finally:
-        loop.close()
-    return None, trace
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:  # (gather of nothing would take another loop)
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()
 
 
 def next_turn(info: dict, replies: list[str], max_turns: int) -> str | list:
@@ -206,14 +234,16 @@ def next_turn(info: dict, replies: list[str], max_turns: int) -> str | list:
     return ["end"] if got is None else got
 
 
-def score(info: dict, replies: list[str]) -> float:
-    """The trajectory's reward: the episode played on every reply, then the task's
-    own rewards on its trace; the weighted sum (0 when the episode or a reward fails)."""
+def score(info: dict, replies: list[str], max_turns: int) -> float:
+    """The trajectory's reward: the episode played on every reply (a turn asked for
+    after the last one ends the exchange: `max_turns`, else the token budget), then the
+    task's own rewards on its trace; the weighted sum (0 when the episode or a reward
+    fails)."""
     try:
-        _, trace = play(info, replies, len(replies), stop_at_end=True)
+        _, trace = play(info, replies, max(max_turns, len(replies)), stop_at_end=True)
         from swarmrl.tasks.sources.environments import task_row
 
-        asyncio.run(task_row(info).score(trace))
+        _run(copy.deepcopy(task_row(info)).score(trace))
     except KeyboardInterrupt:
         raise
     except BaseException:  # recovered: a failing episode or reward grades it 0
@@ -279,6 +309,8 @@ class BoundEpisode:
     def ends(self, model_span: str) -> bool:
         return False
 
+    failure_answers = (TIME_LIMIT, DIED)  # a file's turn is read as one only token for token
+
     def respond(self, model_span: str, turn: int) -> str | None:
         """The environment's user turn after model span `turn` (0-based), or None when
         the episode ends there (the environment ends it, or the turn limit)."""
@@ -292,11 +324,10 @@ class BoundEpisode:
         return got if isinstance(got, str) else None
 
     def doubt(self, model_span: str, turn: int, answer: str, claimed: str) -> str | None:
-        """Why the file's turn `claimed` (its text) may differ from `answer` through no
-        fault of the worker: the episode ran out of time or its process died, here or
-        on the worker (its turn says so), or it answers differently in another process."""
-        lines = {line.strip() for line in claimed.splitlines()}
-        if turn in self.failed or lines & {TIME_LIMIT, DIED}:
+        """Why the file's turn `claimed` may differ from `answer` through no fault of the
+        worker: the episode ran out of time or its process died, here or on the worker
+        (its turn is exactly that answer), or it answers differently in another process."""
+        if turn in self.failed or claimed in self.failure_answers:
             return "the episode ran out of time or its process died (on the worker or here)"
         again = self.env.turn_after(
             self.info, [*self.replies[:turn], model_span], self.env.second_checker()

@@ -362,6 +362,12 @@ class BoundTools:
     def ends(self, model_span: str) -> bool:
         return self.env.ends(model_span)
 
+    @property
+    def failure_answers(self) -> tuple[str, ...]:
+        """The answers that say the tools gave none (replay reads a file's span as one
+        of these only when its tokens are exactly that answer's)."""
+        return (self.env.answer(TIME_LIMIT), self.env.answer(DIED))
+
     def respond(self, model_span: str, turn: int) -> str | None:
         """The environment's span after model span `turn` (0-based), or None when the
         trajectory ends there (no call, or the turn limit)."""
@@ -381,9 +387,7 @@ class BoundTools:
         the worker: the tools ran out of time or their process died, here (known out
         of band, not from the text) or on the worker (its text says so), or they
         answer differently on a second run in another process."""
-        failures = (self.env.answer(TIME_LIMIT), self.env.answer(DIED))
-        said = {line.strip() for line in claimed.splitlines()} if self.turn_role else {claimed}
-        if turn in self.failed or said & set(failures):
+        if turn in self.failed or claimed in self.failure_answers:
             return (
                 "the taskset's tools ran out of time or their process died (on the worker or here)"
             )

@@ -85,7 +85,7 @@ def _template_turn(tokenizer, role: str) -> tuple[str, str]:
     more turn."""
     from swarmrl.errors import ConfigError
 
-    key = (tokenizer.name_or_path, tokenizer.chat_template, tokenizer.eos_token, role)
+    key = (tokenizer.name_or_path, str(tokenizer.chat_template), tokenizer.eos_token, role)
     if key not in _TEMPLATE_TURNS:
         mark = "\x00swarmrl-turn\x00"
         talk = [{"role": "user", "content": "q"}, {"role": "assistant", "content": SENTINEL}]
@@ -114,6 +114,25 @@ def _template_turn(tokenizer, role: str) -> tuple[str, str]:
         head, _, tail = turn.partition(mark)
         _TEMPLATE_TURNS[key] = (head, tail)
     return _TEMPLATE_TURNS[key]
+
+
+def check_turns(env, tokenizer, eos_id: int) -> None:
+    """Refuse at start what would fail at the first environment turn: a chat template
+    that cannot render the environment's turns after the model's end of turn, or whose
+    end of turn is not the token generation stops on (`eos_id`, the engine's)."""
+    from swarmrl.errors import ConfigError
+
+    role = getattr(env, "turn_role", None)
+    if not role or not getattr(tokenizer, "chat_template", None):
+        return
+    stop = tokenizer.convert_tokens_to_ids(tokenizer.eos_token) if tokenizer.eos_token else None
+    if stop != eos_id:
+        raise ConfigError(
+            f"this model's chat template ends a turn with {tokenizer.eos_token!r} (token "
+            f"{stop}) but generation stops on token {eos_id}: a multi-turn environment's "
+            "turns follow the token the model's span ends on"
+        )
+    template_turn(tokenizer, "probe", role)
 
 
 def env_ids(env, tokenizer, answer: str) -> list[int]:
@@ -310,6 +329,16 @@ def generate_trajectories_vllm(
     return out
 
 
+def claimed(env, tokenizer, ids: list[int]) -> str:
+    """A file's environment span as the environment's answer it claims to be: one of
+    the environment's `failure_answers` (no answer: a time limit, a dead process) only
+    when its tokens are exactly that answer's, else its text."""
+    for answer in getattr(env, "failure_answers", ()):
+        if ids == env_ids(env, tokenizer, answer):
+            return answer
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def replay(
     env, tokenizer, tokens: list[int], mask: list[int], eos_id: int, max_new_tokens: int
 ) -> tuple[str, str] | None:
@@ -387,7 +416,7 @@ def replay(
         ea, eb, _ = parts[k + 1]
         if tokens[ea:eb] != env_ids(env, tokenizer, answer):
             doubt = getattr(env, "doubt", None)
-            why = doubt and doubt(text(span), turn, answer, text(tokens[ea:eb]))
+            why = doubt and doubt(text(span), turn, answer, claimed(env, tokenizer, tokens[ea:eb]))
             if not why:
                 return "environment", (
                     f"turn {turn}: the environment's span (completion tokens {ea}..{eb - 1}) is "

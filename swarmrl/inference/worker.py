@@ -51,7 +51,7 @@ from swarmrl.envs.environment import bound, environment_of
 from swarmrl.errors import EXIT_REFUSED, UserError
 from swarmrl.inference.engine import make_engine, resolve_engine
 from swarmrl.inference.generation import Completion
-from swarmrl.inference.trajectory import generate_trajectories
+from swarmrl.inference.trajectory import check_turns, generate_trajectories
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.models.prompting import decode_completion, model_replies
 from swarmrl.protocol.assign import Assignment
@@ -337,6 +337,7 @@ class WorkerNode:
                     self.after_load(self.backend)
                 if self.tokenizer is None:
                     self.tokenizer = load_tokenizer(str(path))
+                    check_turns(environment_of(self.cfg), self.tokenizer, self.backend.eos_id)
             except FileNotFoundError:
                 # Recovered: retention deleted this version while we read it; look again.
                 return False

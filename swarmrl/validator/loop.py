@@ -28,6 +28,7 @@ from swarmrl.device import describe, resolve_device
 from swarmrl.envs.environment import environment_of
 from swarmrl.envs.python_tool import check_interpreter
 from swarmrl.inference.engine import PrefillEngine, make_engine
+from swarmrl.inference.trajectory import check_turns
 from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.assign import parse_rollout_key
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
@@ -92,6 +93,7 @@ class Judge:
         self.weights = weights
         self.key = key
         self.ctx = make_context(cfg, load_tokenizer(cfg.model.path), backend)
+        check_turns(environment_of(cfg), self.ctx.tokenizer, self.ctx.eos_id)
         self.loaded: int | None = None
 
     def ensure_policy(self, version: int) -> bool:

@@ -82,6 +82,24 @@ MODULES = {  # test tasksets with environments swarmrl refuses, each for its rea
 
     __all__ = ["TS", "E"]
     """,
+    "swarmrl_test_episode_stubborn": ENV_HEAD
+    + """
+    class E(vf.Env[C]):
+        async def run(self, task, agents):
+            async with agents.player.interaction(task) as it:
+                seg = await it.turn()
+                n = 0
+                while not seg.terminated:
+                    n += 1
+                    try:
+                        seg = await it.turn(f"turn {n}")
+                    except BaseException:
+                        return
+                    finally:
+                        await it.turn("a last word")
+
+    __all__ = ["TS", "E"]
+    """,
     "swarmrl_test_episode_slow": ENV_HEAD
     + """
     class E(vf.Env[C]):
@@ -144,7 +162,8 @@ def test_the_reward_is_the_episodes_on_every_reply():
     assert verify(task, "", [str(n)]) == 1.0
     assert verify(task, "", [str(wrong), f"then {n}"]) == pytest.approx(0.9)
     assert verify(task, "", [str(wrong), str(wrong)]) == 0.0
-    assert verify(task, str(n), None) == 0.0  # the text alone plays no episode
+    # a single completion (eval, filter, warm start) plays the episode as one reply
+    assert verify(task, str(n), None) == 1.0 and verify(task, str(wrong), None) == 0.0
 
 
 def _trajectory(tok, eos: int, spans_: list[tuple[str, int]]) -> tuple[list[int], list[int]]:
@@ -253,23 +272,68 @@ def trains_on_the_model_tokens_only(cfg, key: str, data: bytes) -> None:
     assert stats.tokens < sum(len(s.completion_tokens) for s in batch.samples)
 
 
-def test_a_user_turn_follows_the_chat_template(random_model_dir):
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer (from the packaged GGUF): a chat template with special tokens."""
+    from swarmrl.models.loading import load_tokenizer
+
+    return load_tokenizer("smollm2")
+
+
+def test_a_user_turn_follows_the_chat_template(smollm2_tokenizer):
+    from swarmrl.inference.trajectory import check_turns
     from swarmrl.models.tiny import build_char_tokenizer
 
-    tok = build_char_tokenizer()
-    assert user_turn(tok, "7 is too low.") == "\n7 is too low.\n"  # no template: a line
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    tok.eos_token = "<|im_end|>"
+    assert user_turn(build_char_tokenizer(), "7 is too low.") == "\n7 is too low.\n"  # a line
+    tok = smollm2_tokenizer
     assert user_turn(tok, "7 is too low.") == (
         "\n<|im_start|>user\n7 is too low.<|im_end|>\n<|im_start|>assistant\n"
     )
-    tok.chat_template = tok.chat_template.replace("{{ m.content }}", "{{ m.content | trim }}.")
-    tok.eos_token = "</s>"  # a template that does not end the turn with the model's EOS
-    with pytest.raises(ConfigError, match="end-of-sequence token"):
-        user_turn(tok, "hint")
+    env = EpisodeEnvironment(max_turns=3, timeout_s=5.0)
+    check_turns(env, tok, tok.eos_token_id)
+    with pytest.raises(ConfigError, match="generation stops on token 0"):
+        check_turns(env, tok, 0)  # the engine stops on another token than the turn's end
+    original = tok.chat_template
+    try:  # a template that writes more after the reply than its end of turn
+        tok.chat_template = original.replace("+ '<|im_end|>'", "+ '.<|im_end|>'")
+        assert tok.chat_template != original
+        with pytest.raises(ConfigError, match="end-of-sequence token"):
+            check_turns(env, tok, tok.eos_token_id)
+        tok.chat_template = (  # one that cannot render a user turn after an assistant's
+            "{% for m in messages %}{% if loop.index > 2 %}{{ raise_exception('no') }}"
+            "{% endif %}{{ m.content }}<|im_end|>{% endfor %}"
+        )
+        with pytest.raises(ConfigError, match="cannot render a user turn"):
+            check_turns(env, tok, tok.eos_token_id)
+    finally:
+        tok.chat_template = original
+
+
+def test_a_forged_turn_that_quotes_the_time_limit_is_still_a_forgery(smollm2_tokenizer):
+    """A turn is read as the environment's failure only when its tokens are exactly the
+    failure's turn; a forged hint with the failure's text on a line of its own is not."""
+    from swarmrl.inference.trajectory import env_ids, replay
+
+    tok = smollm2_tokenizer
+    eos = tok.eos_token_id
+    env = environment_of(load_config(None, RUN))
+    task = TaskSource(GAME, 0).get("train", 3)
+    n = secret(task)
+    wrong = n % 20 + 1
+
+    def check(turn_text: str):
+        game = env.bind(task)
+        ids = tok(str(wrong), add_special_tokens=False)["input_ids"] + [eos]
+        env_span = env_ids(game, tok, turn_text)
+        reply = tok(str(n), add_special_tokens=False)["input_ids"] + [eos]
+        mask = [1] * len(ids) + [0] * len(env_span) + [1] * len(reply)
+        return replay(game, tok, ids + env_span + reply, mask, eos, 200)
+
+    assert check(f"{wrong} is too {'low' if wrong < n else 'high'}. Guess again.") is None
+    got = check(f"{wrong} is right!\n{TIME_LIMIT}")
+    assert got is not None and got[0] == "environment", got
+    got = check(TIME_LIMIT)  # the failure itself: blameless, as any claimed time limit
+    assert got is not None and got[0] == "unverifiable", got
 
 
 def test_environments_that_cannot_be_replayed_are_refused_with_the_reason():
@@ -300,4 +364,18 @@ def test_an_episode_past_its_time_limit_cannot_be_settled():
     assert "ran out of time" in game.doubt("sleep now", 1, TIME_LIMIT, "\ngo on\n")
     quick = env.bind(task)
     assert quick.doubt("fine", 0, "go on", "\ngo off\n") is None  # a forgery, not a doubt
+    env.checker.close()
+
+
+def test_an_environment_that_catches_the_stop_still_answers_its_turn():
+    """The scripted seat stops an episode past the replies by raising; an environment
+    that swallows it, or sends another turn in a `finally`, still gets the turn it sent
+    first as its answer."""
+    task = TaskSource(TaskConfig(name="verifiers", env="swarmrl-test-episode-stubborn"), 0).get(
+        "train", 0
+    )
+    env = EpisodeEnvironment(max_turns=4, timeout_s=5.0)
+    game = env.bind(task)
+    assert game.respond("a", 0) == "turn 1"
+    assert game.respond("b", 1) == "a last word"  # after turn 1's reply, its finally spoke
     env.checker.close()

@@ -91,9 +91,14 @@ def configure(cfg) -> None:
 
     configure_code(cfg.code)
     if cfg.env.kind == "verifiers":  # scoring replays the trajectory's tool calls too
-        from swarmrl.tasks.sources.environments import TIMEOUT_S, set_score_timeout
+        from swarmrl.tasks.sources.environments import (
+            TIMEOUT_S,
+            set_episode_turns,
+            set_score_timeout,
+        )
 
         set_score_timeout(TIMEOUT_S + cfg.env.max_turns * cfg.env.tool_timeout_s)
+        set_episode_turns(cfg.env.max_turns)
 
 
 def verify(task: Task, completion: str, replies: list[str] | None = None) -> float:

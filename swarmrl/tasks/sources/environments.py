@@ -397,7 +397,7 @@ def _score(request: list) -> float | bool | list[str]:
     if request[0] == "episode_score":
         from swarmrl.envs.verifiers_episodes import score
 
-        return score(request[1], request[2])
+        return score(request[1], request[2], request[3])
     info, completion, *spans = request  # spans: the model's, of a trajectory
     verifiers, vf = _import()
     task = _load(info["env"], json.dumps(info["args"], sort_keys=True))[info["row"]]
@@ -424,6 +424,15 @@ class EnvChecker(CheckerProcess):
 _checker = EnvChecker()
 
 
+_MAX_TURNS = [1]  # the run's env.max_turns: an episode's turns after the last reply
+
+
+def set_episode_turns(max_turns: int) -> None:
+    """The run's turn limit, which tells an episode's rewards why it ended after the
+    last reply: the turn limit, or else the token budget (`trace.stop_condition`)."""
+    _MAX_TURNS[0] = max_turns
+
+
 def set_score_timeout(seconds: float) -> None:
     """The time limit of one score in this process: a taskset with tools replays the
     trajectory's calls (`[env] kind = "verifiers"`: TIMEOUT_S plus each turn's
@@ -438,10 +447,10 @@ def score_env(
     model's spans of a trajectory, which a taskset's own environment plays."""
     checker = checker or _checker
     checker.warm(["load", info["env"], info["args"]])
-    if replies is None:
+    if _has_episodes(info):  # a single completion (eval, filter, warm start) is one reply
+        got = checker.call(["episode_score", info, replies or [completion], _MAX_TURNS[0]])
+    elif replies is None:
         got = checker.call([info, completion])
-    elif _has_episodes(info):
-        got = checker.call(["episode_score", info, replies])
     else:
         got = checker.call([info, completion, replies])
     return 0.0 if got is None else float(got)
