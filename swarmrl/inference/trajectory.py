@@ -252,6 +252,9 @@ def generate_trajectories(
     return out
 
 
+STATE_BATCH = 256  # environment positions whose states one vLLM call computes
+
+
 def generate_trajectories_vllm(
     backend, tokenizer, env, prompts: list[list[int]], seeds: list[int],
     max_new_tokens: int, temperature: float, top_p: float, proofs: bool = True,
@@ -293,8 +296,8 @@ def generate_trajectories_vllm(
                     break
             start = len(comp[i])
             if proofs:
-                for j in range(k):
-                    states[i][start + j] = t.hidden[j]
+                for j in range(min(k + 1, len(t.tokens))):  # past a cut: what predicts the
+                    states[i][start + j] = t.hidden[j].clone()  # answer's first token
             span = t.tokens[:k]
             comp[i] += span
             logps[i] += t.logprobs[:k]
@@ -320,9 +323,11 @@ def generate_trajectories_vllm(
         import torch
 
         wanted = [(i, p) for i in range(n) for p in range(len(comp[i])) if p not in states[i]]
-        got = backend.last_states([prompts[i] + comp[i][:p] for i, p in wanted])
-        for (i, p), h in zip(wanted, got, strict=True):
-            states[i][p] = h
+        for a in range(0, len(wanted), STATE_BATCH):  # the prefixes of a batch at a time
+            part = wanted[a : a + STATE_BATCH]
+            got = backend.last_states([prompts[i] + comp[i][:p] for i, p in part])
+            for (i, p), h in zip(part, got, strict=True):
+                states[i][p] = h
         hidden = [torch.stack([states[i][p] for p in range(len(comp[i]))]) for i in range(n)]
         for t, pb in zip(out, build_proofs_many(hidden), strict=True):
             t.proofs = pb

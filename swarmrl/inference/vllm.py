@@ -352,7 +352,10 @@ class VLLMBackend:
         from vllm.inputs import TokensPrompt
 
         if not len(prompts) == len(seeds) == len(max_tokens) == len(offsets):
-            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+            raise ValueError(
+                f"{len(prompts)} prompts, {len(seeds)} seeds, {len(max_tokens)} lengths and "
+                f"{len(offsets)} offsets: one of each per sample"
+            )
         self.calls += 1
         keys = [f"{self.calls}:{i}" for i in range(len(prompts))]
         for key, seed, offset in zip(keys, seeds, offsets, strict=True):
