@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from bench.rollout_files import Maker, issued, make_judge, small_run
+from bench.trajectory_envs import Echo
 from swarmrl.envs import environment as environment_module
 from swarmrl.envs.environment import ToolEnvironment, environment_of
 from swarmrl.envs.tools import CalcLimits
@@ -28,20 +29,6 @@ from swarmrl.sim.registry import make_cheat
 from swarmrl.sim.tool_cheats import loosened
 from swarmrl.trainer.batch import BatchCollector
 from tests.unit.test_store_and_batch import MemoryQueue
-
-
-class Echo:
-    """Ends a span after three characters and answers them reversed, in brackets."""
-
-    max_turns = 3
-
-    def ends(self, span: str) -> bool:
-        return len(span) >= 3
-
-    def respond(self, span: str, turn: int) -> str | None:
-        if turn + 1 >= self.max_turns or not self.ends(span):
-            return None
-        return f"[{span[::-1]}]"
 
 
 @pytest.fixture(scope="module")

@@ -120,9 +120,9 @@ def test_weights_swap_in_place_and_back(made):
 def test_a_vllm_trajectory_file_is_accepted(made, random_model_dir):
     """Trajectories made on vLLM (turns cut at the environment's call rule, the
     states of the environment's positions taken by prefill) pass every check."""
+    from bench.trajectory_envs import Echo
     from swarmrl.envs import environment as environment_module
     from swarmrl.protocol.rollouts import spans
-    from tests.unit.test_multiturn import Echo
     from tests.unit.vllm_files import TRAJECTORY_RUN
 
     _, tmp, report = made
@@ -143,10 +143,9 @@ def test_a_vllm_trajectory_file_is_accepted(made, random_model_dir):
 def test_vllm_and_hf_make_the_same_trajectories(made, random_model_dir, name):
     """The same seeds give the same trajectories on both engines: a turn cut at a call
     (echo) and turns that end on end of sequence, answered by a user turn (nag)."""
+    from bench.trajectory_envs import Echo, Nag
     from swarmrl.inference.trajectory import generate_trajectories
     from swarmrl.models.loading import load_tokenizer
-    from tests.unit.test_multiturn import Echo
-    from tests.unit.vllm_files import Nag
 
     _, _, report = made
     prompts, seeds = report["trajectory_prompts"]

@@ -72,29 +72,15 @@ def main(tmp: Path, model: Path, other: Path) -> None:
     (tmp / "vllm.json").write_text(json.dumps(report))
 
 
-class Nag:
-    """Answers each of the model's turns (they end on its end of sequence) with a user
-    turn, "more" and the turn's number, until the third."""
-
-    turn_role = "user"
-    max_turns = 3
-
-    def ends(self, span: str) -> bool:
-        return False
-
-    def respond(self, span: str, turn: int) -> str | None:
-        return None if turn + 1 >= self.max_turns else f"more {turn}"
-
-
 def trajectories(tmp: Path, model: Path, backend, tokenizer) -> dict:
-    """A file of trajectories with the test environment `Echo` (tests/unit/test_multiturn.py:
+    """A file of trajectories with the test environment `Echo` (bench/trajectory_envs.py:
     it ends a span after three characters, so vLLM samples past the call and the turn is
     cut), and raw trajectories with `Echo` and `Nag` for the comparison with the HF engine."""
     from bench.rollout_files import Maker, issued, small_run
+    from bench.trajectory_envs import Echo, Nag
     from swarmrl.envs import environment as environment_module
     from swarmrl.inference.trajectory import generate_trajectories
     from swarmrl.models.prompting import encode_prompt, prompt_text
-    from tests.unit.test_multiturn import Echo
 
     cfg = small_run(tmp, model, *TRAJECTORY_RUN)
     environment_module._BUILT[environment_module.built_key(cfg)] = Echo()
