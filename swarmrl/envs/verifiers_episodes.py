@@ -31,7 +31,7 @@ Runs in the taskset's checker process (tasks/graders/checker.py), bounded by
 answer is `error: time limit` or `error: the tools' process died`, and a
 difference there is refused as unverifiable, as for a taskset's tools
 (envs/verifiers_tools.py). Refused (tasks/sources/environments.py:
-`episode_problems`): an `Env` with more than one seat, one that overrides
+`episode_problems`): an `Env` without exactly one seat, one that overrides
 `setup`, `finalize`, `start` or `stop`, and one whose tasks have tools too.
 """
 

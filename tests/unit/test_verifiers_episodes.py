@@ -344,7 +344,7 @@ def test_environments_that_cannot_be_replayed_are_refused_with_the_reason():
         environment_of(cfg("swarmrl-test-episode-dice", 'env.kind="verifiers"'))
     with pytest.raises(TaskError) as e:
         TaskSource(TaskConfig(name="verifiers", env="swarmrl-test-episode-pair"), 0)
-    assert "more than one seat" in str(e.value) and "overrides Env.finalize" in str(e.value)
+    assert "exactly one seat" in str(e.value) and "overrides Env.finalize" in str(e.value)
     with pytest.raises(ConfigError, match="fails on the probe replies: TypeError: agent.run"):
         environment_of(cfg("swarmrl-test-episode-harness", 'env.kind="verifiers"'))
     with pytest.raises(ConfigError, match="has its own multi-turn environment: set"):

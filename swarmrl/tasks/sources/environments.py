@@ -138,7 +138,10 @@ def episode_problems(vf, env_class, task) -> list[str]:
     name = env_class.__name__
     why = []
     if not seat_name(env_class):
-        why.append(f"its environment {name} has more than one seat (agents playing each other)")
+        why.append(
+            f"its environment {name} does not have exactly one seat with a default "
+            "AgentConfig (agents playing each other are not supported)"
+        )
     for hook in ("setup", "finalize", "start", "stop"):
         if getattr(env_class, hook) is not getattr(vf.Env, hook):
             why.append(f"its environment {name} overrides Env.{hook}")
