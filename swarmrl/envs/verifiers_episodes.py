@@ -153,7 +153,7 @@ def _vf():
 
 
 @functools.lru_cache(maxsize=4)
-def _environment(env: str, args_json: str):
+def environment(env: str, args_json: str):
     """The taskset's `Env`, built once per process from the run's taskset config."""
     vf = _vf()
     config = vf.env_config_type(env).model_validate(
@@ -173,18 +173,17 @@ def seat_name(env_class) -> str:
     return seats[0] if len(seats) == 1 else ""
 
 
-def play(info: dict, replies: list[str], max_turns: int, stop_at_end: bool):
-    """Run the row's episode on `replies`: (the turn the environment sent after the
-    last reply, or None when the episode ended there; the trace). Each play gets a
-    copy of the row's task and of the environment object (what `run` sets on either
-    is gone after it), and an event loop of its own, shut down with its tasks,
-    generators and threads before the next play."""
-    from swarmrl.tasks.sources.environments import empty_trace, task_row
-
+def play(env, task, new_trace, replies: list[str], max_turns: int, stop_at_end: bool):
+    """Run the episode of `task` (a verifiers Task) with `env` (the taskset's `Env`,
+    `environment`) on `replies`: (the turn the environment sent after the last reply,
+    or None when the episode ended there; the trace, from `new_trace(task)` holding
+    the prompt). Each play gets a copy of the task and of the environment object (what
+    `run` sets on either is gone after it), and an event loop of its own, shut down
+    with its tasks, generators and threads before the next play."""
     vf = _vf()
-    env = copy.copy(_environment(info["env"], json.dumps(info["args"], sort_keys=True)))
-    task = copy.deepcopy(task_row(info))
-    trace = empty_trace(task)
+    env = copy.copy(env)
+    task = copy.deepcopy(task)
+    trace = new_trace(task)
     episode = _Episode(vf, task, trace, list(replies), max_turns, stop_at_end)
     seat = seat_name(type(env))
 
@@ -222,11 +221,12 @@ def _run(coroutine) -> None:
             loop.close()
 
 
-def next_turn(info: dict, replies: list[str], max_turns: int) -> str | list:
-    """The environment's turn after the last of `replies`; ["end"] when the episode
-    ends there, ["error", type] when the episode raised (it ends, and scores 0)."""
+def next_turn(env, task, new_trace, replies: list[str], max_turns: int) -> str | list:
+    """The environment's turn after the last of `replies` (`play`'s arguments); ["end"]
+    when the episode ends there, ["error", type] when the episode raised (it ends, and
+    scores 0)."""
     try:
-        got, _ = play(info, replies, max_turns, stop_at_end=False)
+        got, _ = play(env, task, new_trace, replies, max_turns, stop_at_end=False)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # recovered: the environment's failure ends the episode
@@ -234,16 +234,15 @@ def next_turn(info: dict, replies: list[str], max_turns: int) -> str | list:
     return ["end"] if got is None else got
 
 
-def score(info: dict, replies: list[str], max_turns: int) -> float:
+def score(env, task, new_trace, replies: list[str], max_turns: int) -> float:
     """The trajectory's reward: the episode played on every reply (a turn asked for
     after the last one ends the exchange: `max_turns`, else the token budget), then the
     task's own rewards on its trace; the weighted sum (0 when the episode or a reward
     fails)."""
     try:
-        _, trace = play(info, replies, max(max_turns, len(replies)), stop_at_end=True)
-        from swarmrl.tasks.sources.environments import task_row
-
-        _run(copy.deepcopy(task_row(info)).score(trace))
+        turns = max(max_turns, len(replies))
+        _, trace = play(env, task, new_trace, replies, turns, stop_at_end=True)
+        _run(copy.deepcopy(task).score(trace))
     except KeyboardInterrupt:
         raise
     except BaseException:  # recovered: a failing episode or reward grades it 0

@@ -393,14 +393,13 @@ def _score(request: list) -> float | bool | list[str]:
             raise
         except BaseException as e:  # recovered: toolsets that cannot start answer every call so
             return [f"error: the tools could not start: {type(e).__name__}"] * len(request[2])
-    if request[0] == "episode":  # the environment's next turn (envs/verifiers_episodes.py)
-        from swarmrl.envs.verifiers_episodes import next_turn
+    if request[0] in ("episode", "episode_score"):  # a taskset's own Env: its next turn,
+        from swarmrl.envs import verifiers_episodes as episodes  # or the reward
 
-        return next_turn(request[1], request[2], request[3])
-    if request[0] == "episode_score":
-        from swarmrl.envs.verifiers_episodes import score
-
-        return score(request[1], request[2], request[3])
+        info = request[1]
+        env = episodes.environment(info["env"], json.dumps(info["args"], sort_keys=True))
+        play = episodes.next_turn if request[0] == "episode" else episodes.score
+        return play(env, task_row(info), empty_trace, request[2], request[3])
     info, completion, *spans = request  # spans: the model's, of a trajectory
     verifiers, vf = _import()
     task = _load(info["env"], json.dumps(info["args"], sort_keys=True))[info["row"]]
