@@ -50,7 +50,8 @@ class InferenceConfig(Section):
         "auto",
         description="hf: swarmrl's sampling loop on transformers; vllm: vLLM's engine with "
         "swarmrl's sampler and proofs (`make vllm`); auto: vllm where it is installed and a "
-        "CUDA GPU is present, else hf. A worker's --backend overrides it.",
+        "CUDA GPU is present and the run is single-turn, else hf (a multi-turn run's proofs "
+        "cost more on vllm: bench/vllm_trajectories.py). A worker's --backend overrides it.",
     )
     max_batch: int = Field(256, ge=1, le=65536, description="Sequences generated at once.")
     kv_cache_gb: int = Field(

@@ -88,6 +88,10 @@ def make_engine(
     is chosen."""
     inf = cfg.inference
     which = "hf" if prefill else resolve_engine(name or inf.backend)
+    if which == "vllm" and cfg.env.kind != "none" and (name or inf.backend) == "auto":
+        # 'auto' keeps multi-turn runs on transformers: vLLM's proofs of environment
+        # positions cost one request per token (bench/vllm_trajectories.py); name it to use it
+        which = "hf"
     if which == "hf":
         from swarmrl.inference.hf import HFBackend
 

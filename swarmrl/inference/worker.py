@@ -433,6 +433,8 @@ def join_run(
     )  # fmt: skip
     source = TaskSource(cfg.task, cfg.seed)
     which = resolve_engine(backend or cfg.inference.backend)
+    if cfg.env.kind != "none" and (backend or cfg.inference.backend) == "auto":
+        which = "hf"  # as make_engine: multi-turn runs use vLLM only when it is named
     if work is not None and which != "hf":  # a simulated worker edits the HF model
         log.info("--cheat %s: generating with the hf backend, not %s", work.name, which)
         which = "hf"
