@@ -144,6 +144,21 @@ def env_ids(env, tokenizer, answer: str) -> list[int]:
     return tokenizer(answer, add_special_tokens=False)["input_ids"]
 
 
+def _answer(env, tokenizer, span: list[int], finished: bool, turn: int, room: int):
+    """The environment's tokens after the model's span number `turn` (`finished`: it
+    ended on end of sequence; `room`: tokens left in the budget after it), or None
+    when the trajectory ends there: on end of sequence (unless the environment's
+    turns follow it), at the budget, when the environment gives no answer, or when
+    its answer would leave no room for one more token."""
+    if finished != bool(getattr(env, "turn_role", None)) or room <= 0:
+        return None  # end of sequence, a span cut by the budget, or the budget
+    answer = env.respond(tokenizer.decode(span, skip_special_tokens=True), turn)
+    if answer is None:
+        return None
+    ids = env_ids(env, tokenizer, answer)
+    return ids if len(ids) < room else None
+
+
 class _TurnStates:
     """The final norm's output: every position of a turn's first forward (the prompt),
     then the last position of each forward after it."""
@@ -230,15 +245,10 @@ def generate_trajectories(
             mask[i] += [1] * k
             pending[i] = 0
             finished[i] = c.finished
-            turns = bool(getattr(envs[i], "turn_role", None))  # its turns follow an end of turn
-            if c.finished != turns or len(comp[i]) >= max_new_tokens:
-                continue  # end of sequence, a span cut by the budget, or the budget
-            answer = envs[i].respond(tokenizer.decode(c.tokens, skip_special_tokens=True), turn[i])
-            if answer is None:
+            ids = _answer(envs[i], tokenizer, c.tokens, c.finished, turn[i],
+                          max_new_tokens - len(comp[i]))  # fmt: skip
+            if ids is None:
                 continue
-            ids = env_ids(envs[i], tokenizer, answer)
-            if len(comp[i]) + len(ids) >= max_new_tokens:
-                continue  # no room for the answer and one more token: the trajectory ends
             comp[i] += ids
             logps[i] += [0.0] * len(ids)
             mask[i] += [0] * len(ids)
@@ -304,14 +314,8 @@ def generate_trajectories_vllm(
             mask[i] += [1] * k
             done = k > 0 and span[-1] == backend.eos_id
             finished[i] = done
-            turns = bool(getattr(envs[i], "turn_role", None))
-            if done != turns or len(comp[i]) >= max_new_tokens:
-                continue
-            answer = envs[i].respond(tokenizer.decode(span, skip_special_tokens=True), turn[i])
-            if answer is None:
-                continue
-            ids = env_ids(envs[i], tokenizer, answer)
-            if len(comp[i]) + len(ids) >= max_new_tokens:
+            ids = _answer(envs[i], tokenizer, span, done, turn[i], max_new_tokens - len(comp[i]))
+            if ids is None:
                 continue
             comp[i] += ids
             logps[i] += [0.0] * len(ids)

@@ -4,10 +4,6 @@ the model's replies, the model's span ends on its end-of-turn token, the
 environment's turn goes in as a user turn, a validator replays the episode, and
 the reward is the episode's (envs/verifiers_episodes.py)."""
 
-import os
-import textwrap
-from pathlib import Path
-
 import pytest
 
 from bench.rollout_files import Maker, issued, make_judge, small_run
@@ -25,7 +21,6 @@ from swarmrl.validator.checks import Reject, check_without_model
 
 pytest.importorskip("verifiers", reason="verifiers is in the dev extras")
 
-EXAMPLE_ENV = Path(__file__).resolve().parents[2] / "examples" / "verifiers_env"
 GAME = TaskConfig(name="verifiers", env="swarmrl-game-env", env_args={"count": 12})
 RUN = ["task.name=verifiers", 'task.env="swarmrl-game-env"', "task.env_args={count=12}",
        'env.kind="verifiers"', "env.max_turns=3", "sampling.max_prompt_tokens=1024",
@@ -120,16 +115,9 @@ MODULES = {  # test tasksets with environments swarmrl refuses, each for its rea
 def tasksets_importable(tmp_path_factory):
     """The example tasksets and the test ones on the path of this process and of the
     checker processes."""
-    extra = tmp_path_factory.mktemp("episodes")
-    for name, text in MODULES.items():
-        (extra / f"{name}.py").write_text(textwrap.dedent(text))
-    with pytest.MonkeyPatch.context() as mp:
-        for path in (EXAMPLE_ENV, extra):
-            mp.syspath_prepend(str(path))
-        mp.setenv(
-            "PYTHONPATH",
-            os.pathsep.join([str(EXAMPLE_ENV), str(extra), os.environ.get("PYTHONPATH", "")]),
-        )
+    from tests.unit.test_verifiers_tools import importable
+
+    with importable(tmp_path_factory.mktemp("episodes"), MODULES):
         yield
 
 

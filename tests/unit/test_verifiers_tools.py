@@ -6,6 +6,7 @@ rewards read the tool turns and the tools' state (envs/verifiers_tools.py)."""
 import json
 import os
 import textwrap
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -136,20 +137,25 @@ MODULES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tasksets_importable(tmp_path_factory):
-    """The example tasksets and the test ones on the path of this process and of the
-    checker processes."""
-    extra = tmp_path_factory.mktemp("tasksets")
-    for name, text in MODULES.items():
-        (extra / f"{name}.py").write_text(textwrap.dedent(text))
+@contextmanager
+def importable(directory: Path, modules: dict[str, str]):
+    """The example tasksets and `modules` (written to `directory`) on the path of this
+    process and of the checker processes it starts."""
+    for name, text in modules.items():
+        (directory / f"{name}.py").write_text(textwrap.dedent(text))
     with pytest.MonkeyPatch.context() as mp:
-        for path in (EXAMPLE_ENV, extra):
+        for path in (EXAMPLE_ENV, directory):
             mp.syspath_prepend(str(path))
         mp.setenv(
             "PYTHONPATH",
-            os.pathsep.join([str(EXAMPLE_ENV), str(extra), os.environ.get("PYTHONPATH", "")]),
+            os.pathsep.join([str(EXAMPLE_ENV), str(directory), os.environ.get("PYTHONPATH", "")]),
         )
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tasksets_importable(tmp_path_factory):
+    with importable(tmp_path_factory.mktemp("tasksets"), MODULES):
         yield
 
 
