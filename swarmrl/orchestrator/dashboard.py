@@ -18,6 +18,7 @@ No answer carries a URL signature, a key other than a public key, or the token.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -30,7 +31,7 @@ from swarmrl.orchestrator.admission import measured_pace
 from swarmrl.orchestrator.auth import require_operator
 from swarmrl.orchestrator.objects import ObjectError
 from swarmrl.orchestrator.service import ApiError, Service
-from swarmrl.protocol.rollouts import RolloutFileError, read_rollouts
+from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts
 
 STATIC = Path(__file__).parent / "static"
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -52,7 +53,7 @@ PAGE_HEADERS = {
 SERVERS_EVERY_S = 5.0  # how often the dashboard asks each operator's server what it holds
 SERVER_ANSWER_BYTES = 64 * 1024
 ROLLOUT_FILE_BYTES = 32 << 20  # the viewer reads files up to this size...
-ROLLOUT_DECODED_BYTES = 128 << 20  # ...that decode to at most this much
+ROLLOUT_DECODED_BYTES = 128 << 20  # ...that decode to at most this much (and the run's budget)
 TEXT_CHARS = 20_000  # a prompt or completion shown is cut to this many characters
 _viewers = threading.BoundedSemaphore(2)  # rollout files decoded at once
 
@@ -316,7 +317,9 @@ def rollout_view(svc: Service, key: str) -> dict:
             return {**head, "samples": [], "gone": "the file was deleted from the object store "
                     "(trained or rejected, and past orchestrator.keep_trained_steps; or stale)"}  # fmt: skip
         try:
-            rows = read_rollouts(data, max_decoded=ROLLOUT_DECODED_BYTES)
+            # the run's sizes bound the decoding; whole groups are the validator's business
+            limits = dataclasses.replace(Limits.of_run(svc.cfg), group_size=None)
+            rows = read_rollouts(data, limits, ROLLOUT_DECODED_BYTES)
         except RolloutFileError as e:  # a rejected file may be malformed: say so, show nothing
             return {**head, "samples": [], "gone": f"the file does not read as rollouts: {e}"}
         samples = [

@@ -13,6 +13,24 @@ a missing, extra or mistyped column, a list longer than the configured limits,
 a group that is not whole, or a non-finite number is rejected with a reason
 (`RolloutFileError`). Reading never trusts the file: parquet decoding errors
 are turned into the same error, so a hostile file cannot crash the reader.
+
+What a file may cost to read is bounded before it is turned into Python objects.
+A few kilobytes of parquet can decode to gigabytes: one long value in a
+dictionary used by every row, a run of one repeated value, lists of millions of
+elements stored as one run, or a footer that understates all of these. So:
+
+- `decoded_budget(limits)` is the most an honest file within the run's limits
+  decodes to (Arrow's buffers): per row, the token lists at their limits, text at
+  `TEXT_BYTES_PER_TOKEN` and proofs at `PROOF_BYTES_PER_TOKEN` per token, and
+  `ROW_BYTES` for the rest. A reader may lower it (`max_decoded`).
+- The file is decoded in a child process whose address space is capped at
+  `decode_memory(budget)` (swarmrl/capped.py): whatever its headers claim, an
+  allocation past the cap fails and the file is refused. In the child the footer's
+  value counts and sizes are checked first, then the text columns are read as
+  dictionaries (a value repeated in every row is held once) and what they expand
+  to is counted before any is expanded, and the whole must fit the budget.
+- Only then are the columns sent back (Arrow IPC) and turned into rows, which
+  in Python take up to about 10 times their decoded size (an int is 28 bytes).
 """
 
 from __future__ import annotations
@@ -20,10 +38,13 @@ from __future__ import annotations
 import hashlib
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from swarmrl import capped
 
 SCHEMA_V1 = pa.schema(
     [
@@ -53,8 +74,15 @@ _MASK = pa.field("completion_mask", pa.list_(pa.int8()))
 SCHEMA = SCHEMA_V1.insert(SCHEMA_V1.get_field_index("completion_logprobs") + 1, _MASK)
 COLUMNS = SCHEMA.names
 MAX_FILE_BYTES = 256 * 1024 * 1024
-MAX_DECODED_BYTES = 1024 * 1024 * 1024  # all columns, decoded
+MAX_DECODED_BYTES = 1024 * 1024 * 1024  # all columns, decoded: the budget's ceiling
 MAX_FIELD_BYTES = 16 * 1024 * 1024  # one string or binary value
+TEXT_BYTES_PER_TOKEN = 64  # the budget's allowance for prompt and completion text
+PROOF_BYTES_PER_TOKEN = 32  # ...for proofs (TOPLOC: 258 bytes per 32 tokens)
+ROW_BYTES = 4096  # ...for the short strings, the numbers and the offsets of a row
+DECODE_SLACK = 64 * 1024 * 1024  # the decoding child's memory beyond twice the budget
+DECODE_TIMEOUT_S = 120.0
+TEXT_COLUMNS = ("problem_id", "node", "task_type", "prompt", "completion", "proofs")
+LIST_COLUMNS = ("prompt_tokens", "completion_tokens", "completion_logprobs", "completion_mask")
 
 
 class RolloutFileError(ValueError):
@@ -68,6 +96,39 @@ class Limits:
     max_rows: int = 65536
     group_size: int | None = None  # when set, every group must have exactly this many rows
     max_turns: int = 1 << 20  # model spans per trajectory
+
+    @classmethod
+    def of_run(cls, cfg) -> Limits:
+        """The limits of a run's files (a RunConfig): its prompt and completion lengths,
+        `worker.groups_per_file` whole groups of `worker.group_size`, its turn limit."""
+        return cls(
+            max_prompt_tokens=cfg.sampling.max_prompt_tokens,
+            max_completion_tokens=cfg.sampling.max_new_tokens,
+            max_rows=cfg.worker.groups_per_file * cfg.worker.group_size,
+            group_size=cfg.worker.group_size,
+            max_turns=cfg.env.turn_limit,
+        )
+
+
+def decoded_budget(limits: Limits) -> int:
+    """The most an honest file within `limits` decodes to, in bytes of Arrow buffers
+    (at most MAX_DECODED_BYTES)."""
+    p, c = limits.max_prompt_tokens, limits.max_completion_tokens
+    per_row = (
+        4 * p  # prompt_tokens
+        + 9 * c  # completion_tokens, completion_logprobs, completion_mask
+        + TEXT_BYTES_PER_TOKEN * (p + c)
+        + PROOF_BYTES_PER_TOKEN * c
+        + ROW_BYTES
+    )
+    return min(MAX_DECODED_BYTES, limits.max_rows * per_row)
+
+
+def decode_memory(max_decoded: int) -> int:
+    """The address space the decoding child may add for a file of at most `max_decoded`
+    decoded bytes: the columns, one copy of them while the text is expanded and written
+    back, and DECODE_SLACK for pages and buffers."""
+    return 2 * max_decoded + DECODE_SLACK
 
 
 def write_rollouts(rows: list[dict]) -> bytes:
@@ -106,15 +167,52 @@ def file_version(schema: pa.Schema) -> int:
 
 
 def read_rollouts(
-    data: bytes, limits: Limits = Limits(), max_decoded: int = MAX_DECODED_BYTES
+    data: bytes, limits: Limits = Limits(), max_decoded: int | None = None
 ) -> list[dict]:
-    """Parse and validate a rollout file; return its rows (`max_decoded`: the most its
-    columns may decode to, by its footer)."""
+    """Parse and validate a rollout file; return its rows. It is decoded within
+    `decoded_budget(limits)` bytes, or `max_decoded` if that is lower, in the capped
+    child (`decode_memory` of the budget: the module's docstring)."""
     if len(data) > MAX_FILE_BYTES:
         raise RolloutFileError(f"file is {len(data)} bytes, over the {MAX_FILE_BYTES} limit")
+    budget = decoded_budget(limits)
+    if max_decoded is not None:
+        budget = min(budget, max_decoded)
+    params = {"limits": asdict(limits), "max_decoded": budget}
     try:
-        pf = pq.ParquetFile(io.BytesIO(data))
+        answer = capped.shared().call(
+            "swarmrl.protocol.rollouts:decode_in_child", data, params,
+            decode_memory(budget), DECODE_TIMEOUT_S,
+        )  # fmt: skip
+    except capped.CappedRefusal as e:
+        raise RolloutFileError(str(e)) from None
+    table = pa.ipc.open_stream(pa.py_buffer(answer)).read_all()
+    rows = table.to_pylist()
+    if file_version(table.schema) == 1:
+        for r in rows:
+            r["completion_mask"] = [1] * len(r["completion_tokens"] or ())
+    _check_rows(rows, limits)
+    return rows
+
+
+def decode_in_child(data: bytes, params: dict) -> pa.Buffer:
+    """The capped child's part of `read_rollouts`: the checked columns as an Arrow IPC
+    stream."""
+    table = decode_table(data, Limits(**params["limits"]), params["max_decoded"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def decode_table(data: bytes, limits: Limits, max_decoded: int) -> pa.Table:
+    """The file's columns, checked against `limits` and `max_decoded` in Arrow's form
+    before any Python object exists. Run it in the capped child (`read_rollouts`):
+    only there does the kernel bound what a lying file makes it allocate."""
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
         schema = pf.schema_arrow
+    except MemoryError:
+        raise
     except Exception as e:  # any decoding failure means a corrupt file
         raise RolloutFileError(f"not a readable parquet file: {type(e).__name__}: {e}") from None
     version = file_version(schema)
@@ -134,17 +232,22 @@ def read_rollouts(
     if pf.metadata.num_rows == 0:
         raise RolloutFileError("file holds no rows")
     _check_sizes_before_reading(pf.metadata, limits, max_decoded)
-    try:
-        table = pf.read()
+    try:  # text as dictionaries: a value repeated in every row is held once
+        table = pq.ParquetFile(pa.BufferReader(data), read_dictionary=TEXT_COLUMNS).read(
+            use_threads=False
+        )
+    except MemoryError:
+        raise
     except Exception as e:  # decoding errors inside the data pages
         raise RolloutFileError(f"corrupt parquet data: {type(e).__name__}: {e}") from None
-    _check_lengths(table, limits, version)  # in Arrow's form, before any Python objects exist
-    rows = table.to_pylist()
-    if version == 1:
-        for r in rows:
-            r["completion_mask"] = [1] * len(r["completion_tokens"] or ())
-    _check_rows(rows, limits)
-    return rows
+    if table.num_rows != pf.metadata.num_rows:
+        raise RolloutFileError(
+            f"the pages hold {table.num_rows} rows, the footer says {pf.metadata.num_rows}"
+        )
+    _check_lengths(table, limits)
+    _check_decoded(table, max_decoded)
+    columns = [_expanded(table.column(f.name)) for f in expected]
+    return pa.Table.from_arrays(columns, schema=expected.with_metadata(schema.metadata))
 
 
 def _list_budget(limits: Limits, rows: int) -> dict[str, int]:
@@ -157,29 +260,45 @@ def _list_budget(limits: Limits, rows: int) -> dict[str, int]:
 
 
 def _check_sizes_before_reading(metadata, limits: Limits, max_decoded: int) -> None:
-    """A few kilobytes of parquet can decode to gigabytes (a long run of one value):
-    the footer's value counts and sizes are checked before any page is decoded."""
+    """The footer's value counts and sizes, checked before any page is decoded: this
+    names the problem when the footer is honest (when it lies, the counts after
+    decoding and the child's memory cap refuse the file)."""
     budget = _list_budget(limits, metadata.num_rows)
     values: dict[str, int] = {}
-    decoded = 0
+    sizes: dict[str, int] = {}
     for g in range(metadata.num_row_groups):
         rg = metadata.row_group(g)
         for j in range(rg.num_columns):
             col = rg.column(j)
             name = col.path_in_schema.split(".")[0]
             values[name] = values.get(name, 0) + col.num_values
-            decoded += col.total_uncompressed_size
+            sizes[name] = sizes.get(name, 0) + col.total_uncompressed_size
     for name, limit in budget.items():
         if values.get(name, 0) > limit:
             raise RolloutFileError(f"column '{name}' holds {values[name]} values, over {limit}")
+    decoded = sum(sizes.values())
     if decoded > max_decoded:
-        raise RolloutFileError(f"file decodes to {decoded} bytes, over {max_decoded}")
+        widest = max(sizes, key=sizes.get)
+        raise RolloutFileError(
+            f"file's pages hold {decoded} bytes uncompressed (column '{widest}': "
+            f"{sizes[widest]}), over its limit of {max_decoded}"
+        )
 
 
-def _check_lengths(table: pa.Table, limits: Limits, version: int) -> None:
-    """The same limits on the decoded columns (a footer can lie)."""
-    import pyarrow.compute as pc
+def _value_lengths(column: pa.ChunkedArray) -> pa.Array:
+    """The byte length of each value of a text column, dictionary-encoded or not,
+    without expanding it."""
+    parts = []
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            parts.append(pc.binary_length(chunk.dictionary).take(chunk.indices))
+        else:
+            parts.append(pc.binary_length(chunk))
+    return pa.concat_arrays(parts) if parts else pa.array([], pa.int32())
 
+
+def _check_lengths(table: pa.Table, limits: Limits) -> None:
+    """The list limits per row, and MAX_FIELD_BYTES per text value."""
     for name, limit in _list_budget(limits, 1).items():
         if name not in table.column_names:  # the mask of a version-1 file
             continue
@@ -187,10 +306,35 @@ def _check_lengths(table: pa.Table, limits: Limits, version: int) -> None:
         longest = pc.max(lengths).as_py() or 0
         if longest > limit:
             raise RolloutFileError(f"column '{name}' has a list of {longest}, over {limit}")
-    for name in ("problem_id", "node", "task_type", "prompt", "completion", "proofs"):
-        longest = pc.max(pc.binary_length(table.column(name))).as_py() or 0
+    for name in TEXT_COLUMNS:
+        longest = pc.max(_value_lengths(table.column(name))).as_py() or 0
         if longest > MAX_FIELD_BYTES:
             raise RolloutFileError(f"column '{name}' has a value of {longest} bytes")
+
+
+def _check_decoded(table: pa.Table, max_decoded: int) -> None:
+    """What the columns take once every text value is expanded, counted before any is."""
+    sizes = {}
+    for name in table.column_names:
+        column = table.column(name)
+        if name in TEXT_COLUMNS:
+            text = pc.sum(_value_lengths(column)).as_py() or 0
+            sizes[name] = text + 4 * (len(column) + column.num_chunks) + len(column) // 8 + 1
+        else:
+            sizes[name] = column.nbytes
+    total = sum(sizes.values())
+    if total > max_decoded:
+        widest = max(sizes, key=sizes.get)
+        raise RolloutFileError(
+            f"file decodes to {total} bytes (column '{widest}': {sizes[widest]} bytes in "
+            f"{table.num_rows} rows), over its limit of {max_decoded}"
+        )
+
+
+def _expanded(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    if not pa.types.is_dictionary(column.type):
+        return column
+    return pa.chunked_array([c.dictionary_decode() for c in column.chunks], column.type.value_type)
 
 
 def _check_rows(rows: list[dict], limits: Limits) -> None:

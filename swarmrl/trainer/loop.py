@@ -350,12 +350,7 @@ def _join_sites(cfg: RunConfig, policy, stack: ExitStack, start: int) -> PolicyS
 
 
 def _collector(cfg: RunConfig, client: OrchestratorClient, begin: _Start) -> BatchCollector:
-    limits = Limits(
-        max_prompt_tokens=cfg.sampling.max_prompt_tokens,
-        max_completion_tokens=cfg.sampling.max_new_tokens,
-        group_size=cfg.worker.group_size,
-        max_turns=cfg.env.turn_limit,
-    )
+    limits = Limits.of_run(cfg)
     queue = OrchestratorQueue(client, cfg.orchestrator.max_file_bytes)
     collector = BatchCollector(
         queue,

@@ -129,13 +129,7 @@ class Context:
         return dataclasses.replace(self, cfg=cfg, issued=issued)
 
     def limits(self) -> Limits:
-        return Limits(
-            max_prompt_tokens=self.cfg.sampling.max_prompt_tokens,
-            max_completion_tokens=self.cfg.sampling.max_new_tokens,
-            max_rows=self.cfg.worker.groups_per_file * self.cfg.worker.group_size,
-            group_size=self.cfg.worker.group_size,
-            max_turns=self.cfg.env.turn_limit,
-        )
+        return Limits.of_run(self.cfg)
 
 
 def check_without_model(ctx: Context, key: str, data: bytes) -> tuple[dict, list[dict]]:

@@ -1,0 +1,260 @@
+"""Untrusted bytes decoded in a child process whose memory the kernel caps.
+
+Why a child: a parquet file declares in its own headers how much its decoder will
+allocate (a page's uncompressed size, a run of repeated values, a dictionary index
+used once per row), and a footer can lie about all of it, so no count taken before
+decoding can be trusted to bound what decoding costs. The kernel's limit on a
+process's address space (RLIMIT_AS) holds whatever the file says: an allocation
+past it fails, pyarrow raises `ArrowMemoryError`, and the file is refused. That
+limit is process-wide, so it cannot be set around one call inside a trainer or an
+orchestrator; it is set in a child.
+
+How: one child per process (`python -m swarmrl.capped`), started at first use and
+kept. Each request names a function by `module:name`, which the child imports and
+calls as `function(data, params)`; it returns the answer's bytes (any object with
+the buffer protocol) or raises `ValueError` with the reason the input is refused.
+Before each call the child sets its soft RLIMIT_AS to its current size plus the
+request's `memory_bytes`, so the cap is the same whatever earlier requests left
+behind, and lifts it after. Arrow allocates from the system allocator there, with
+a fixed mmap threshold and one malloc arena, so that freed buffers leave the
+address space and the count stays close to what is in use.
+
+A refusal (`CappedRefusal`) is the function's own reason, or: an allocation over
+the cap, `timeout_s` passed (the child is killed), or the child died. The last
+three are tried once more in a fresh child before they stand, so that no answer
+depends on what an earlier request did. Each answer carries the child's peak
+resident memory during the call (`Capped.last_peak_bytes`), which the tests and
+benchmarks compare with the cap.
+
+Limits: Linux only (the cap is RLIMIT_AS; the peak is read from /proc). Where the
+cap cannot be set the child refuses every request, saying why: fail closed. The
+child runs trusted code (ours and pyarrow's) on untrusted bytes; it is not a
+sandbox against code execution.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+REQUEST = struct.Struct(">QQ")  # header length, data length
+ANSWER = struct.Struct(">cQQQ")  # status, payload length, resident bytes before, peak during
+OK, REFUSED, MEMORY, ERROR = b"o", b"r", b"m", b"e"
+CHILD_ENV = {
+    "ARROW_DEFAULT_MEMORY_POOL": "system",
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_THRESHOLD_": "131072",  # fixed: big buffers are mmapped, and unmapped on free
+    "OMP_NUM_THREADS": "1",
+}
+MAX_HEADER_BYTES = 1 << 20
+
+
+class CappedRefusal(ValueError):
+    """Input the capped function refused, or that it could not decode within its cap."""
+
+
+class Capped:
+    """The parent's side: one child, one request at a time (a lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen | None = None
+        self.last_peak_bytes = 0  # the child's resident growth during the last request
+
+    def call(
+        self, target: str, data: bytes, params: dict, memory_bytes: int, timeout_s: float
+    ) -> bytes:
+        """`target(data, params)` in the child under `memory_bytes` of address space;
+        its answer, or CappedRefusal with the reason."""
+        header = json.dumps({"target": target, "params": params, "memory": memory_bytes})
+        with self._lock:
+            fresh = self._child is None or self._child.poll() is not None
+            status, payload = self._once(header.encode(), data, memory_bytes, timeout_s)
+            if status in (MEMORY, ERROR, None) and not fresh:
+                # not the function's own reason: the same request again in a fresh child
+                self._stop()
+                status, payload = self._once(header.encode(), data, memory_bytes, timeout_s)
+            if status in (MEMORY, ERROR, None):
+                self._stop()  # a child that hit its cap or failed is not reused
+        if status == OK:
+            return payload
+        raise CappedRefusal(payload.decode("utf-8", "replace"))
+
+    def _once(
+        self, header: bytes, data: bytes, memory_bytes: int, timeout_s: float
+    ) -> tuple[bytes | None, bytes]:
+        """One request: (status, payload); status None with the reason when the child
+        died or ran out of time."""
+        child = self._start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            child.stdin.write(REQUEST.pack(len(header), len(data)))
+            child.stdin.write(header)
+            child.stdin.write(data)
+            child.stdin.flush()
+            head = _read(child.stdout, ANSWER.size, deadline)
+            status, size, before, peak = ANSWER.unpack(head)
+            if size > memory_bytes + MAX_HEADER_BYTES:
+                self._stop()
+                return None, b"the decoder answered more than its cap"
+            payload = _read(child.stdout, size, deadline)
+        except TimeoutError:
+            self._stop()
+            return None, f"decoding took longer than {timeout_s:.0f} s".encode()
+        except (OSError, EOFError, struct.error):
+            code = self._stop()
+            return None, f"the decoder died ({_exit_text(code)})".encode()
+        self.last_peak_bytes = max(0, peak - before)
+        if status == MEMORY:
+            return MEMORY, (
+                f"decoding needs more than its {memory_bytes / (1 << 20):.0f} MiB of memory"
+            ).encode()
+        return status, payload
+
+    def _start(self) -> subprocess.Popen:
+        if self._child is None or self._child.poll() is not None:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "swarmrl.capped"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={**os.environ, **CHILD_ENV},
+                bufsize=0,
+            )
+        return self._child
+
+    def _stop(self) -> int | None:
+        child, self._child = self._child, None
+        if child is None:
+            return None
+        if child.poll() is None:
+            child.kill()
+        code = child.wait()
+        for pipe in (child.stdin, child.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass  # a pipe to a dead child may refuse its last flush
+        return code
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+def _read(stream, n: int, deadline: float) -> bytes:
+    """Exactly `n` bytes from `stream` by `deadline` (TimeoutError), or EOFError."""
+    out = bytearray()
+    fd = stream.fileno()
+    while len(out) < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, min(n - len(out), 1 << 20))
+        if not chunk:
+            raise EOFError
+        out += chunk
+    return bytes(out)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    return f"signal {-code}" if code < 0 else f"exit status {code}"
+
+
+_shared: Capped | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> Capped:
+    """This process's child (started at its first request, stopped at exit)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Capped()
+            atexit.register(_shared.close)
+        return _shared
+
+
+# The child's side.
+
+
+def _address_space() -> int:
+    return int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident() -> tuple[int, int]:
+    """(resident now, peak resident) of this process, in bytes."""
+    now = peak = 0
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            now = int(line.split()[1]) * 1024
+        elif line.startswith("VmHWM:"):
+            peak = int(line.split()[1]) * 1024
+    return now, peak
+
+
+def _reset_peak() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the resident size now
+    except OSError:
+        pass  # an older kernel: the peak is then the child's lifetime peak
+
+
+def _serve(stdin, stdout) -> None:
+    import resource
+
+    import pyarrow as pa
+
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    while True:
+        head = stdin.read(REQUEST.size)
+        if len(head) < REQUEST.size:
+            return  # the parent closed the pipe
+        n_header, n_data = REQUEST.unpack(head)
+        header = json.loads(stdin.read(n_header))
+        data = stdin.read(n_data)
+        before = peak = 0
+        try:
+            module, name = header["target"].split(":")
+            fn = getattr(importlib.import_module(module), name)
+            _reset_peak()
+            before, _ = _resident()
+            cap = _address_space() + int(header["memory"])
+            if hard != resource.RLIM_INFINITY and cap > hard:
+                raise RuntimeError("the memory cap is above this process's hard limit")
+            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+            try:
+                status, payload = OK, fn(data, header["params"])
+            finally:
+                resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+        except MemoryError:
+            status, payload = MEMORY, b""
+        except ValueError as e:
+            status, payload = REFUSED, str(e).encode("utf-8", "replace")
+        except Exception as e:  # any other failure on untrusted input refuses it
+            status, payload = ERROR, f"{type(e).__name__}: {e}".encode("utf-8", "replace")
+        del data
+        _, peak = _resident()
+        view = memoryview(payload)
+        stdout.write(ANSWER.pack(status, view.nbytes, before, peak))
+        stdout.write(view)
+        stdout.flush()
+        del view, payload
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends it (Ctrl-C reaches both)
+    _serve(sys.stdin.buffer, sys.stdout.buffer)
