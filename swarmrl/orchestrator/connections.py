@@ -11,11 +11,20 @@ uvicorn's httptools protocol with these rules added (`ConnectionLimits`, from
   of the connection opening or of the request's first byte, and be at most
   `max_header_bytes`; otherwise 408 or 431, and the connection is closed.
 - **Body**: a body must arrive within `body_timeout_s` plus its length at
-  `min_body_bytes_per_s` (a chunked body is costed at `max_request_bytes`,
-  which the API's body limit enforces anyway); otherwise 408 and closed. The
-  time counts while the route has not read what came (flow control), which
+  `min_body_bytes_per_s`, the length being the declared one but at most the
+  route's largest body: `max_upload_bytes` (`orchestrator.max_file_bytes`) for
+  an object upload (a path under `/objects/`), `max_request_bytes` for the API.
+  A chunked body is costed at that largest body. Otherwise 408 and closed. So a
+  declared length never sets a deadline beyond what the route would accept.
+  The time counts while the route has not read what came (flow control), which
   the routes do at once. Sizes are refused before the body is read by the
   routes themselves (`asgi.BodyLimit`, the object store's signed size).
+- **Answered early**: when the route has answered and the request's body has
+  not all arrived (a refusal such as 413, 401 or 403), the connection is closed
+  after the answer: the write side is shut, what the client still sends is read
+  and dropped for `LINGER_S` (so that it can read the answer), then the
+  connection is closed. A request whose body arrived whole keeps the connection
+  alive.
 - **Answer**: a client that leaves `send_timeout_s` without reading the answer
   it asked for is cut off.
 - **Idle**: a kept-alive connection with no new request for `idle_timeout_s`
@@ -30,7 +39,8 @@ The time the routes themselves take is not limited here: it is the server's,
 not the client's. The client is the socket's peer: behind a reverse proxy every
 request comes from the proxy, and the proxy must apply per-client limits itself.
 The rules hook uvicorn's parser callbacks (`on_message_begin`,
-`on_headers_complete`, `on_message_complete`) and its flow-control calls; the
+`on_headers_complete`, `on_message_complete`), its end-of-answer callback
+(`on_response_complete`) and its flow-control calls; the
 tests in tests/unit/test_orchestrator_connections.py drive each against a real
 server, so a uvicorn release that changes them fails there.
 """
@@ -67,6 +77,7 @@ class ConnectionLimits:
     idle_timeout_s: float = 5.0
     max_header_bytes: int = 32 * 1024
     max_request_bytes: int = 1 << 20
+    max_upload_bytes: int = 64 << 20
     max_connections: int = 4096
     max_connections_per_client: int = 64
 
@@ -81,6 +92,7 @@ class ConnectionLimits:
             idle_timeout_s=o.idle_timeout_s,
             max_header_bytes=o.max_header_bytes,
             max_request_bytes=o.max_request_bytes,
+            max_upload_bytes=o.max_file_bytes,
             max_connections=o.max_connections,
             max_connections_per_client=o.max_connections_per_client,
         )
@@ -189,8 +201,8 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._closed_by_us:
             return
         self._in_head = False
+        super().on_headers_complete()  # sets the scope's path, which `_body_deadline` reads
         self._arm(self._body_deadline(), 408)
-        super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
         if not self._closed_by_us:
@@ -201,6 +213,20 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         self._disarm()  # the rest is the server's time, until the answer is written
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle
+        # the answered request is `cycle` when it is complete (a pipelined request
+        # waiting to start is not); `more_body` is still set if its body was cut short
+        if (
+            self._closed_by_us
+            or self.transport.is_closing()
+            or not (cycle.response_complete and cycle.more_body)
+        ):
+            return
+        self._unset_keepalive_if_required()
+        self._shut(linger=True)
 
     def send_400_response(self, msg: str) -> None:
         if not self._closed_by_us:
@@ -218,10 +244,17 @@ class GuardedProtocol(HttpToolsProtocol):
             self._disarm()
 
     def _body_deadline(self) -> float:
-        length = self.limits.max_request_bytes
+        """Seconds the request's body has: `body_timeout_s` plus its length at
+        `min_body_bytes_per_s`, the length being the declared one but at most the
+        route's largest body (the largest, for a chunked body)."""
+        if self.scope.get("path", "").startswith("/objects/"):
+            cap = self.limits.max_upload_bytes
+        else:
+            cap = self.limits.max_request_bytes
+        length = cap
         for name, value in self.headers:
             if name == b"content-length" and value.isdigit() and value.isascii():
-                length = int(value)
+                length = min(int(value), cap)
         return self.limits.body_timeout_s + length / self.limits.min_body_bytes_per_s
 
     def _arm(self, seconds: float, status: int | None) -> None:
@@ -244,11 +277,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._close_with(status)
 
     def _close_with(self, status: int, linger: bool = True) -> None:
-        """Answer `status` (unless an answer is under way) and close the connection.
-
-        With `linger`, the write side is shut first and what the client still sends
-        is read and dropped for up to LINGER_S: closing a socket with unread input
-        resets the connection, and the client would lose the answer."""
+        """Answer `status` (unless an answer is under way) and close the connection,
+        lingering as `_shut` does when an answer was written."""
         self._closed_by_us = True
         self._disarm()
         cycle = self.cycle
@@ -267,8 +297,19 @@ class GuardedProtocol(HttpToolsProtocol):
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s"
                 % (status, text, len(body), body)
             )
-        if linger and can_answer and self.transport.can_write_eof():
+        self._shut(linger and can_answer)
+
+    def _shut(self, linger: bool) -> None:
+        """Close the connection, writing nothing more.
+
+        With `linger`, the write side is shut first and what the client still sends
+        is read and dropped for up to LINGER_S: closing a socket with unread input
+        resets the connection, and the client would lose the answer."""
+        self._closed_by_us = True
+        self._disarm()
+        if linger and self.transport.can_write_eof():
             self.transport.write_eof()
+            self.flow.resume_reading()  # a route that stopped reading left reads paused
             self._timer = self.loop.call_later(LINGER_S, self.transport.close)
         else:
             self.transport.close()

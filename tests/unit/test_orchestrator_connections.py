@@ -1,20 +1,28 @@
 """The connection limits (orchestrator/connections.py) against a real orchestrator
 served by uvicorn on loopback, driven with raw sockets the way an attacker would:
 slow heads, endless headers, slow bodies, answers left unread, and too many
-connections from one address or in all. Clients come from distinct loopback
-addresses (127.0.0.2, 127.0.0.3, ...), as distinct machines would."""
+connections from one address or in all, bodies declared far larger than they are
+sent. Clients come from distinct loopback addresses (127.0.0.2, 127.0.0.3, ...),
+as distinct machines would."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
 from swarmrl.launch.supervisor import free_port
 from swarmrl.orchestrator.app import build_app
-from swarmrl.orchestrator.connections import ConnectionLimits, client_of, server_config
+from swarmrl.orchestrator.connections import (
+    LINGER_S,
+    ConnectionLimits,
+    client_of,
+    server_config,
+)
+from swarmrl.protocol.identity import public_key_hex
 from tests.unit.orch_util import Orch
 
 FAST = ConnectionLimits(
@@ -27,6 +35,9 @@ FAST = ConnectionLimits(
     max_connections=6,
     max_connections_per_client=3,
 )
+# a body's time follows its length here: 1 s plus 1 ms a byte, up to the route's cap
+# (5 s for an API body, 2 s for an object upload)
+METERED = replace(FAST, min_body_bytes_per_s=1000.0, max_request_bytes=4000, max_upload_bytes=1000)
 
 
 class Served:
@@ -67,6 +78,13 @@ class Served:
 @pytest.fixture
 def served(tmp_path):
     s = Served(tmp_path, FAST)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def metered(tmp_path):
+    s = Served(tmp_path, METERED)
     yield s
     s.stop()
 
@@ -134,6 +152,97 @@ def test_a_slow_body_is_cut_off_with_408(served):
     # either way the connection does not outlive the body timeout
     assert reply.startswith((b"HTTP/1.1 401 ", b"HTTP/1.1 408 ")), reply[:80]
     assert time.monotonic() - t0 < 3.0
+
+
+def until_closed(s: socket.socket, seconds: float) -> tuple[bytes, float | None]:
+    """What the server sends while the client drips two body bytes a second, for
+    up to `seconds`; and when it ended the connection (None: it did not)."""
+    t0 = time.monotonic()
+    got = b""
+    s.settimeout(0.5)
+    while time.monotonic() - t0 < seconds:
+        try:
+            chunk = s.recv(65536)
+            if not chunk:
+                return got, time.monotonic() - t0
+            got += chunk
+        except TimeoutError:
+            try:
+                s.sendall(b"0")
+            except OSError:  # reset: the server closed it
+                return got, time.monotonic() - t0
+        except ConnectionResetError:
+            return got, time.monotonic() - t0
+    return got, None
+
+
+def wait_for_no_connections(served, seconds: float) -> float | None:
+    """Seconds until the server holds no connection, within `seconds`, or None."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        if served.tally.total == 0:
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    return None
+
+
+@pytest.mark.parametrize(
+    "head, status",
+    [
+        (b"POST /v1/nodes/heartbeat HTTP/1.1\r\nHost: o\r\n"
+         b"Content-Length: 1000000000000\r\n\r\n{", b"413"),
+        (b"POST /v1/nodes/register HTTP/1.1\r\nHost: o\r\n"
+         b"Content-Length: 1000000000\r\n\r\n{", b"413"),
+        (b"PUT /objects/a/b.bin?node=n&size=5&sha256=s&expires=9999999999&sig=bad HTTP/1.1\r\n"
+         b"Host: o\r\nContent-Length: 1000000000000\r\n\r\n{", b"403"),
+    ],
+    ids=["heartbeat", "register", "object"],
+)  # fmt: skip
+def test_a_refused_body_closes_its_connection_after_the_answer(metered, head, status):
+    s = metered.connect()
+    try:
+        s.sendall(head)
+        got, ended = until_closed(s, 4.0)
+        assert got.startswith(b"HTTP/1.1 " + status + b" "), got[:80]
+        assert got.count(b"HTTP/1.1 ") == 1, got  # the refusal, and nothing after it
+        assert ended is not None and ended < 1.0, f"the connection was held past {ended} s"
+        gone = wait_for_no_connections(metered, LINGER_S + 1.0)
+        assert gone is not None, "the server still holds the connection after lingering"
+    finally:
+        s.close()
+
+
+def test_a_body_declared_past_its_routes_cap_has_the_caps_time(metered):
+    orch = metered.orch
+    worker = orch.worker("w")
+    orch.register(worker)
+    size = 1_000_000  # 1001 s at 1000 B/s; the upload cap of 1000 bytes gives 2 s
+    url = orch.svc.objects.upload_url(
+        "up/slow.bin", public_key_hex(worker), size, "0" * 64, int(time.time()) + 60
+    )
+    target = url.split("//", 1)[1].split("/", 1)[1]
+    s = metered.connect()
+    try:
+        s.sendall(f"PUT /{target} HTTP/1.1\r\nHost: o\r\nContent-Length: {size}\r\n\r\n".encode())
+        got, ended = until_closed(s, 5.0)
+        assert got.startswith(b"HTTP/1.1 408 "), got[:80]
+        assert ended is not None and 1.5 < ended < 3.0, ended
+    finally:
+        s.close()
+
+
+def test_a_body_read_whole_keeps_its_connection(metered):
+    s = metered.connect()
+    try:
+        s.sendall(
+            b"POST /v1/nodes/heartbeat HTTP/1.1\r\nHost: o\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2\r\n\r\n{}"
+        )
+        assert s.recv(65536).startswith(b"HTTP/1.1 401 ")  # unsigned, and still kept
+        s.sendall(get("/v1/run"))
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+    finally:
+        s.close()
 
 
 def test_kept_alive_requests_are_served(served):
