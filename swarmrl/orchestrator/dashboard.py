@@ -30,7 +30,7 @@ from swarmrl.orchestrator import work
 from swarmrl.orchestrator.admission import measured_pace
 from swarmrl.orchestrator.auth import require_operator
 from swarmrl.orchestrator.objects import ObjectError
-from swarmrl.orchestrator.service import ApiError, Service
+from swarmrl.orchestrator.service import ApiError, Service, stored_object
 from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts
 
 STATIC = Path(__file__).parent / "static"
@@ -104,18 +104,28 @@ def ask_servers(svc: Service) -> None:
         svc.asking_servers.release()
 
 
-def eta_s(rows: list[dict], steps: int, max_minutes: float) -> float | None:
-    """Seconds left at the pace of the rows so far (the run also ends at max_minutes)."""
-    if len(rows) < 2:
+def eta_s(ends: list[tuple[int, dict]], steps: int, max_minutes: float) -> float | None:
+    """Seconds left at the pace of the rows so far (the run also ends at max_minutes):
+    `ends` is the first and last (step, metrics row). None when a row lacks its
+    `elapsed_s` (the trainer's rows are read as they come, whatever fields they carry)."""
+    if len(ends) < 2:
         return None
-    first, last = rows[0], rows[-1]
-    done = last["step"] - first["step"]
-    if done <= 0:
+    (first_step, first), (last_step, last) = ends[0], ends[-1]
+    start, now = _number(first.get("elapsed_s")), _number(last.get("elapsed_s"))
+    done = last_step - first_step
+    if done <= 0 or start is None or now is None:
         return None
-    eta = (last["elapsed_s"] - first["elapsed_s"]) / done * max(0, steps - last["step"])
+    eta = max(0.0, now - start) / done * max(0, steps - last_step)
     if max_minutes:
-        eta = min(eta, max(0.0, 60 * max_minutes - last["elapsed_s"]))
+        eta = min(eta, max(0.0, 60 * max_minutes - now))
     return eta
+
+
+def _number(x) -> float | None:
+    """`x` if it is a finite number (not a bool), else None."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or x != x or abs(x) == float("inf"):
+        return None
+    return float(x)
 
 
 def record_metrics(svc: Service, step: int, row: dict) -> dict:
@@ -148,13 +158,15 @@ def run_view(svc: Service, after: int) -> dict:
         rows = cur.execute(
             "SELECT step, time, row FROM run_metrics WHERE step > ? ORDER BY step", (after,)
         ).fetchall()
-        first = cur.execute("SELECT row FROM run_metrics ORDER BY step LIMIT 1").fetchall()
-        last = cur.execute("SELECT row FROM run_metrics ORDER BY step DESC LIMIT 1").fetchall()
+        first = cur.execute("SELECT step, row FROM run_metrics ORDER BY step LIMIT 1").fetchall()
+        last = cur.execute(
+            "SELECT step, row FROM run_metrics ORDER BY step DESC LIMIT 1"
+        ).fetchall()
         evals = cur.execute(
             "SELECT name, step, time, result FROM evaluations ORDER BY time"
         ).fetchall()
         levels = cur.execute("SELECT step, sampler FROM steps ORDER BY step").fetchall()
-    ends = [json.loads(r) for (r,) in first + last]
+    ends = [(int(step), stored_object(r)) for step, r in first + last]
     return {
         "run_id": svc.run_id,
         "name": cfg.name,
@@ -165,9 +177,11 @@ def run_view(svc: Service, after: int) -> dict:
         "validation": cfg.validator.enabled,
         "public_rollouts": cfg.orchestrator.public_rollouts,
         "state": run,
-        "metrics": [{**json.loads(row), "time": t} for _, t, row in rows],
-        "evaluations": [{"name": n, "step": s, "time": t, **json.loads(r)} for n, s, t, r in evals],
-        "levels": {str(s): json.loads(sampler).get("level", 0) for s, sampler in levels},
+        "metrics": [{**stored_object(row), "step": step, "time": t} for step, t, row in rows],
+        "evaluations": [
+            {**stored_object(r), "name": n, "step": s, "time": t} for n, s, t, r in evals
+        ],
+        "levels": {str(s): stored_object(sampler).get("level", 0) for s, sampler in levels},
         "eta_s": eta_s(ends, cfg.trainer.steps, cfg.trainer.max_minutes),
         "now": svc.clock(),
     }
@@ -189,7 +203,7 @@ def swarm_view(svc: Service) -> dict:
     newest = ledger["run"]["policy"]
     nodes = []
     for n in ledger["nodes"]:
-        h = json.loads(hw.get(n["key"]) or "{}")
+        h = stored_object(hw.get(n["key"]))
         version = svc.node_versions.get(n["key"])
         nodes.append({
             **n,
@@ -249,11 +263,11 @@ def verdicts_view(svc: Service) -> dict:
     order = {}
     for key, node, step, policy, state, check, reason, validator, blob, counter in files:
         order[key] = counter
-        v = json.loads(blob)
+        v = stored_object(blob)
         verdicts.append({
             "key": key, "node": node, "step": step, "policy": policy, "state": state,
             "accepted": bool(v.get("accepted")), "check": check or "", "reason": reason or "",
-            "validator": validator, "time": v.get("time"), "seconds": v.get("seconds"),
+            "validator": validator, "time": _number(v.get("time")), "seconds": v.get("seconds"),
             "samples": v.get("n_samples"), "tokens": v.get("n_tokens"),
         })  # fmt: skip
     verdicts.sort(key=lambda v: (v["time"] or 0.0, order[v["key"]]))  # oldest first
@@ -282,7 +296,7 @@ def files_view(svc: Service, step: int | None) -> dict:
             (step, FILES_PER_ANSWER),
         ).fetchall()
         s = cur.execute("SELECT sampler FROM steps WHERE step = ?", (step,)).fetchone()
-    level = json.loads(s[0]).get("level", 0) if s else None
+    level = stored_object(s[0]).get("level", 0) if s else None
     files = [
         {"key": k, "node": n, "step": st, "policy": p, "staleness": st - p, "groups": g,
          "size": size, "state": state, "checked": bool(c), "check": chk or "",
@@ -305,7 +319,7 @@ def rollout_view(svc: Service, key: str) -> dict:
     node, step, policy, state, check, reason, blob = row
     head = {"key": key, "node": node, "step": step, "policy": policy, "staleness": step - policy,
             "state": state, "check": check or "", "reason": reason or "",
-            "checked_samples": json.loads(blob).get("samples", []) if blob else []}  # fmt: skip
+            "checked_samples": stored_object(blob).get("samples", [])}  # fmt: skip
     if not _viewers.acquire(timeout=10.0):
         raise ApiError(503, "the rollout viewer is busy; try again", retry_after_s=2.0)
     try:

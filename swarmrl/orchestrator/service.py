@@ -8,6 +8,7 @@ a PostgreSQL database) signs and checks the same way.
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -16,6 +17,16 @@ from dataclasses import dataclass, field
 
 from swarmrl.config import RunConfig
 from swarmrl.orchestrator.db import Database
+
+
+def stored_object(text: str | None) -> dict:
+    """A JSON object the database holds, or {} for anything else: what a writer stored
+    is read as it is, and a reader never fails on a field it lacks."""
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 class ApiError(Exception):

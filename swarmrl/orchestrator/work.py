@@ -42,7 +42,7 @@ import secrets
 from swarmrl.orchestrator import admission
 from swarmrl.orchestrator.mismatch import is_suspect, reference_kl, window_figures
 from swarmrl.orchestrator.nodes import require_worker, touch
-from swarmrl.orchestrator.service import ApiError, Service
+from swarmrl.orchestrator.service import ApiError, Service, stored_object
 from swarmrl.protocol.assign import Assignment, rollout_key
 from swarmrl.protocol.seeds import derive_seed
 from swarmrl.protocol.verdict import BLAMELESS_CHECKS
@@ -364,7 +364,7 @@ def ledger(svc: Service) -> dict:
     for key, role, state, stake, slashed, reason, last_seen, hardware in nodes:
         c = counts.get(key, zero)
         m = kl.get(key)
-        device = json.loads(hardware).get("device", "") if hardware else ""
+        device = stored_object(hardware).get("device", "")
         out.append(
             {"key": key, "role": role, "state": state, "stake": stake, "slashed": slashed,
              "reason": reason, "last_seen": last_seen, **c, "suspect": key in suspects,

@@ -170,3 +170,29 @@ def test_a_lost_announce_and_a_resume_leave_no_trained_file_behind(tmp_path):
     o.ok(o.trainer, "POST", "/v1/trainer/resume", {"version": 4})  # 4 was never announced
     o.ok(o.trainer, "POST", "/v1/trainer/published", {"version": 5})
     assert o.svc.objects.size(f["key"]) is None
+
+
+def test_rows_without_their_usual_fields_never_fail_a_read(tmp_path):
+    """Whatever fields a writer's rows lack or mistype (a trainer row without `step` or
+    `elapsed_s`, an evaluation naming its own `step`), every dashboard and ledger read
+    answers 200, and the ETA is unknown rather than an error."""
+    o = Orch(tmp_path, "trainer.steps=10")
+    rows = [{"reward": 0.5}, {"elapsed_s": None}, {"elapsed_s": True}, {}, {"step": 2, "x": 1}]
+    for step, row in enumerate(rows, 1):
+        o.ok(o.trainer, "POST", "/v1/trainer/metrics", {"step": step, "row": row})
+    auth = {"Authorization": f"Bearer {o.token}"}
+    body = {"name": "start_model", "step": 0, "result": {"step": "three", "time": None}}
+    assert o.http.post("/v1/admin/evaluations", json=body, headers=auth).status_code == 200
+    o.open_step(1, 0)
+    run = o.http.get("/v1/dashboard/run")
+    assert run.status_code == 200, run.text
+    assert run.json()["eta_s"] is None  # the first row has no elapsed_s
+    assert [r["step"] for r in run.json()["metrics"]] == [1, 2, 3, 4, 5]  # the stored step
+    assert run.json()["evaluations"][0]["step"] == 0
+    for path in ("/v1/dashboard/swarm", "/v1/dashboard/verdicts", "/v1/dashboard/files",
+                 "/v1/ledger", "/v1/admin/nodes"):  # fmt: skip
+        assert o.http.get(path, headers=auth).status_code == 200, path
+    # with elapsed times at both ends the ETA comes back
+    o.ok(o.trainer, "POST", "/v1/trainer/metrics", {"step": 1, "row": {"elapsed_s": 10.0}})
+    o.ok(o.trainer, "POST", "/v1/trainer/metrics", {"step": 5, "row": {"elapsed_s": 50.0}})
+    assert o.http.get("/v1/dashboard/run").json()["eta_s"] == 50.0  # 10 s a step, 5 left
