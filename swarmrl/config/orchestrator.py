@@ -139,13 +139,21 @@ class OrchestratorConfig(Section):
         description="Stake locked for a new worker (ledger units), paid by the operator: "
         "from the faucet, or deposited with an invitation.",
     )
-    register_work_bits: int = Field(
-        20,
+    register_work_s: float = Field(
+        2.0,
+        ge=0.0,
+        le=3600.0,
+        description="Proof of work a new key pays to register without an invitation, in "
+        "seconds of one CPU core: at its first start the orchestrator measures how fast one "
+        "core here hashes and sets register_work_bits to the nearest power of two (kept in "
+        "its database, so restarts and replicas agree). 0: none.",
+    )
+    register_work_bits: int | None = Field(
+        None,
         ge=0,
         le=40,
-        description="Proof of work a new key pays to register without an invitation: "
-        "2^bits SHA-256 hashes on average (protocol/work_proof.py; 20: about 0.5 s on "
-        "one CPU core). 0: none.",
+        description="The proof of work in bits (2^bits SHA-256 hashes on average, "
+        "protocol/work_proof.py); None: from register_work_s. 0: none.",
     )
     faucet_per_hour: float = Field(
         120.0,
@@ -160,6 +168,30 @@ class OrchestratorConfig(Section):
         le=1_000_000,
         description="Most stakes the faucet holds at once. 0 (with faucet_per_hour 0): "
         "workers join by invitation only (POST /v1/admin/invites).",
+    )
+    range_share: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Most of the faucet (its burst and its rate), of the probation pool and of "
+        "the live relays that one address range may hold: an IPv4 /24 or an IPv6 /48 (each "
+        "loopback address counts alone). Keys from one range leave the rest to newcomers "
+        "from others. 1: no per-range share.",
+    )
+    blameless_factor: float = Field(
+        4.0,
+        ge=1.0,
+        le=1e6,
+        description="A worker whose files are refused without blame (unverifiable, the "
+        "validator's error, refused by the trainer) this many times more often than the "
+        "swarm's files (at least blameless_min of them) goes back to probation and waits, "
+        "as after an expired assignment.",
+    )
+    blameless_min: int = Field(
+        3,
+        ge=1,
+        le=1_000_000,
+        description="Blameless refusals a worker must have before blameless_factor applies.",
     )
     slash_fraction: float = Field(
         1.0, ge=0.0, le=1.0, description="Fraction of its stake a caught cheater loses."
@@ -270,7 +302,31 @@ class OrchestratorConfig(Section):
         2,
         ge=1,
         le=1000,
-        description="Distinct nodes reporting a relay before it stops being advertised.",
+        description="Distinct reporters (validators, or workers with an accepted file) of a "
+        "relay's key within relay_report_s after which the relay is delisted: its key and "
+        "address are held off the list for relay_hold_s.",
+    )
+    relay_report_s: float = Field(
+        3600.0,
+        gt=0.0,
+        le=1e7,
+        description="How long a report of a relay counts. A reporter's reports count for its "
+        "16 most recent relays.",
+    )
+    relay_hold_s: float = Field(
+        3600.0,
+        gt=0.0,
+        le=1e8,
+        description="How long a delisted relay's key and address may not register again "
+        "(doubling with each further delisting of the key); then the key registers as a "
+        "new one would, and is advertised only once its check passes.",
+    )
+    max_relays: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description="Most live registered relays at once (range_share of them from one "
+        "address range); one more is refused (429) until one dies or is delisted.",
     )
     relay_check_s: float = Field(
         30.0,

@@ -49,32 +49,60 @@ submit get 0% of them; hoarders that submit just before their deadlines get 13%
 (44% without the faster-first rule); hoarders that claim a low speed for 600 s
 deadlines get 3% (100% without it).
 
-What this does not stop: an attacker with many keys still fills the probation
-pool, delaying honest newcomers (not proven workers) until its first
-assignments expire; an honest slow node gets only what faster nodes leave when
-work is short; the stake is still a ledger number. See docs/threat-model.md.
+Shares per address range (ranges.py: an IPv4 /24, an IPv6 /48): the keys of one
+range take at most `range_share` of the faucet (of its burst, and of its rate) and
+hold at most `range_share` of the probation pool (at least one file), so that keys
+from one range, however many, leave the rest to newcomers from other ranges: an
+honest newcomer from another range gets a stake and work at once while one
+range's sybils hold their share.
+
+The proof of work is priced in seconds of one core (`register_work_s`): the
+orchestrator measures at its first start how fast one core of its machine hashes,
+and keeps the bits it chose in its database (`proof_bits`).
+
+Blameless refusals: a file refused as `unverifiable`, at the validator's own
+`error`, or by the trainer blames no one, so a worker could send such files for
+nothing. Each is counted against its node (`record_judgement`): once a worker's
+blameless refusals number at least `blameless_min` and stand `blameless_factor`
+times above the swarm's rate (at least BLAMELESS_FLOOR), it goes back to
+probation (every file validated, work from the probation pool and its range's
+share) and waits as after an expired assignment.
+
+What this does not stop: an attacker with many address ranges holds a share of
+the faucet and the probation pool in each, and so can still fill them; an honest
+slow node gets only what faster nodes leave when work is short; the stake is
+still a ledger number. See docs/threat-model.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import secrets
 
 from swarmrl.orchestrator.service import ApiError, Service
 from swarmrl.protocol import work_proof
 
+log = logging.getLogger("swarmrl.orchestrator")
 
-def admit(svc: Service, cur, node: str, role: str, work: str, invite: str, now: float) -> float:
+BLAMELESS_FLOOR = 0.01  # the swarm's blameless rate that a node's is compared with, at least
+
+
+def admit(
+    svc: Service, cur, node: str, role: str, work: str, invite: str, now: float, net: str = ""
+) -> float:
     """What a new key pays to register, and the stake it gets (ApiError if it cannot pay).
 
     - the operator's `trusted_workers`: nothing; the stake is the operator's;
     - with an invitation (`issue_invites`): the invitation, used up; its stake;
-    - otherwise a proof of work of `register_work_bits` bits (protocol/work_proof.py),
-      and a worker takes one stake from the faucet, which refills at
-      `faucet_per_hour` up to `faucet_burst`; when it is empty the key is told when
-      to retry (429), and when the operator closed it (burst 0) that only an
-      invitation admits it (403). A relay holds no stake."""
+    - otherwise a proof of work of `svc.work_bits` bits (protocol/work_proof.py,
+      `proof_bits`), and a worker takes one stake from the faucet, which refills at
+      `faucet_per_hour` up to `faucet_burst`, of which its address range `net` may
+      take `range_share`; when either is empty the key is told when to retry (429),
+      and when the operator closed the faucet (burst 0) that only an invitation
+      admits it (403). A relay holds no stake."""
     o = svc.cfg.orchestrator
     if node in o.trusted_workers:
         return o.stake if role == "worker" else 0.0
@@ -87,40 +115,102 @@ def admit(svc: Service, cur, node: str, role: str, work: str, invite: str, now: 
         if row is None:
             raise ApiError(403, "unknown or used invitation")
         return float(row[0]) if role == "worker" else 0.0
-    if not work_proof.check(svc.run_id, node, work, o.register_work_bits):
+    if not work_proof.check(svc.run_id, node, work, svc.work_bits):
         raise ApiError(
             403,
-            f"a new key registers with a proof of work of {o.register_work_bits} bits"
+            f"a new key registers with a proof of work of {svc.work_bits} bits"
             " (the 'work' field: swarmrl/protocol/work_proof.py) or an invitation",
         )
     if role != "worker":
         return 0.0
-    _take_from_faucet(svc, cur, now)
+    _take_from_faucet(svc, cur, now, net)
     return o.stake
 
 
-def _take_from_faucet(svc: Service, cur, now: float) -> None:
+def proof_bits(svc: Service) -> int:
+    """The proof of work of this run: `register_work_bits` if set, else the bits one core
+    here needs `register_work_s` for on average, measured at the first start with this
+    setting and kept in the database (restarts and replicas agree)."""
+    o = svc.cfg.orchestrator
+    if o.register_work_bits is not None:
+        return o.register_work_bits
+    name = f"register_work_bits:{o.register_work_s:g}"
+    kept = svc.meta(name)
+    if kept is None:
+        rate = work_proof.hashes_per_second()
+        bits = work_proof.bits_for(o.register_work_s, rate)
+        kept = svc.set_meta_once(name, str(bits))
+        log.info(
+            "proof of work: %s bits, %.1f s of one core here (%.2g hashes/s measured; "
+            "orchestrator.register_work_s = %g)",
+            kept, (1 << int(kept)) / rate, rate, o.register_work_s,
+        )  # fmt: skip
+    return int(kept)
+
+
+def _bucket(level: float, since: float, now: float, burst: float, per_hour: float) -> float:
+    return min(burst, level + max(0.0, now - since) * per_hour / 3600)
+
+
+def _take_from_faucet(svc: Service, cur, now: float, net: str) -> None:
     o = svc.cfg.orchestrator
     if o.faucet_burst == 0:
         raise ApiError(403, "this run admits new workers by invitation only")
     meta = dict(
         cur.execute("SELECT k, v FROM meta WHERE k IN ('faucet', 'faucet_time')").fetchall()
     )
-    level = float(meta.get("faucet", o.faucet_burst))
-    since = float(meta.get("faucet_time", now))
-    level = min(float(o.faucet_burst), level + max(0.0, now - since) * o.faucet_per_hour / 3600)
+    level = _bucket(
+        float(meta.get("faucet", o.faucet_burst)), float(meta.get("faucet_time", now)), now,
+        o.faucet_burst, o.faucet_per_hour,
+    )  # fmt: skip
     if level < 1.0:
-        if o.faucet_per_hour <= 0.0:
-            raise ApiError(403, "the faucet is spent; new workers need an invitation")
-        wait = (1.0 - level) * 3600 / o.faucet_per_hour
-        raise ApiError(
-            429,
-            f"the run admits {o.faucet_per_hour:g} new workers an hour and the faucet is"
-            f" empty: retry in {wait:.0f} s, or register with an invitation",
-            retry_after_s=wait,
+        _empty(
+            o.faucet_per_hour, level, f"the run admits {o.faucet_per_hour:g} new workers an hour"
+        )
+    if o.range_share < 1.0:
+        burst, per_hour = range_faucet(svc)
+        row = cur.execute("SELECT level, time FROM faucets WHERE net = ?", (net,)).fetchone()
+        mine = burst if row is None else _bucket(row[0], row[1], now, burst, per_hour)
+        if mine < 1.0:
+            _empty(
+                per_hour, mine,
+                f"address range {net} has taken its share of the faucet ({burst:g} at once,"
+                f" {per_hour:g} an hour)",
+            )  # fmt: skip
+        cur.execute(
+            "INSERT INTO faucets VALUES (?, ?, ?) ON CONFLICT (net) DO UPDATE"
+            " SET level = excluded.level, time = excluded.time",
+            (net, mine - 1.0, now),
         )
     svc.set_meta(cur, "faucet", repr(level - 1.0))
     svc.set_meta(cur, "faucet_time", repr(now))
+
+
+def range_faucet(svc: Service) -> tuple[float, float]:
+    """One address range's share of the faucet: (burst, stakes an hour)."""
+    o = svc.cfg.orchestrator
+    return max(1.0, math.floor(o.range_share * o.faucet_burst)), o.range_share * o.faucet_per_hour
+
+
+def _empty(per_hour: float, level: float, what: str) -> None:
+    if per_hour <= 0.0:
+        raise ApiError(403, f"{what}, and the faucet is spent; new workers need an invitation")
+    wait = (1.0 - level) * 3600 / per_hour
+    raise ApiError(
+        429,
+        f"{what} and the faucet is empty: retry in {wait:.0f} s, or register with an invitation",
+        retry_after_s=wait,
+    )
+
+
+def forget_full_faucets(svc: Service, cur, now: float) -> None:
+    """Drop the rows of ranges whose faucet has refilled (a full faucet is the default)."""
+    burst, per_hour = range_faucet(svc)
+    if per_hour > 0.0:
+        cur.execute(
+            "DELETE FROM faucets WHERE time < ? - (? - level) * 3600.0 / ?",
+            (now, burst, per_hour),
+        )
 
 
 def issue_invites(svc: Service, count: int, stake: float) -> list[str]:
@@ -155,7 +245,8 @@ def on_probation(svc: Service, cur, node: str) -> bool:
 def record_proof(cur, node: str) -> None:
     """One more accepted file of `node` (a validator's acceptance, or any with validation off)."""
     cur.execute(
-        "INSERT INTO standing VALUES (?, 1, 0, 0) ON CONFLICT (node) DO UPDATE"
+        "INSERT INTO standing (node, proven, expired, last_expired) VALUES (?, 1, 0, 0)"
+        " ON CONFLICT (node) DO UPDATE"
         " SET proven = standing.proven + 1",
         (node,),
     )
@@ -164,10 +255,52 @@ def record_proof(cur, node: str) -> None:
 def record_expiry(cur, node: str, now: float) -> None:
     """One more lapse of `node`: an assignment expired, abandoned, or submitted late."""
     cur.execute(
-        "INSERT INTO standing VALUES (?, 0, 1, ?) ON CONFLICT (node) DO UPDATE"
+        "INSERT INTO standing (node, proven, expired, last_expired) VALUES (?, 0, 1, ?)"
+        " ON CONFLICT (node) DO UPDATE"
         " SET expired = standing.expired + 1, last_expired = excluded.last_expired",
         (node, now),
     )
+
+
+def record_judgement(svc: Service, cur, node: str, blameless: bool, now: float) -> bool:
+    """One more judged file of `node` (a validator's verdict, or the trainer's refusal);
+    `blameless`: refused with no one blamed. True when that sends the node back to
+    probation: blameless refusals at least `blameless_min` and above `blameless_factor`
+    times the swarm's rate (at least BLAMELESS_FLOOR). Its counts then start afresh."""
+    o = svc.cfg.orchestrator
+    cur.execute(
+        "INSERT INTO standing (node, proven, expired, last_expired, judged, blameless)"
+        " VALUES (?, 0, 0, 0, 1, ?) ON CONFLICT (node) DO UPDATE SET"
+        " judged = standing.judged + 1, blameless = standing.blameless + excluded.blameless",
+        (node, int(blameless)),
+    )
+    for name in ("judged_files", "blameless_files") if blameless else ("judged_files",):
+        cur.execute(
+            "INSERT INTO counters VALUES (?, 1) ON CONFLICT (name) DO UPDATE"
+            " SET value = counters.value + 1",
+            (name,),
+        )
+    if not blameless or node in o.trusted_workers:
+        return False
+    judged, refused = cur.execute(
+        "SELECT judged, blameless FROM standing WHERE node = ?", (node,)
+    ).fetchone()
+    swarm = dict(
+        cur.execute(
+            "SELECT name, value FROM counters WHERE name IN ('judged_files', 'blameless_files')"
+        ).fetchall()
+    )
+    rate = max(BLAMELESS_FLOOR, swarm.get("blameless_files", 0) / max(1, swarm["judged_files"]))
+    if refused < o.blameless_min or refused <= o.blameless_factor * rate * judged:
+        return False
+    cur.execute("UPDATE standing SET proven = 0, judged = 0, blameless = 0 WHERE node = ?", (node,))
+    record_expiry(cur, node, now)
+    cur.execute(
+        "INSERT INTO events (time, node, kind, amount, detail) VALUES (?, ?, 'probation', 0, ?)",
+        (now, node, f"{refused} of {judged} files refused without blame; the swarm's rate"
+         f" is {rate:.3f}: back to probation"),
+    )  # fmt: skip
+    return True
 
 
 def cooldown_left(svc: Service, cur, node: str, now: float) -> float:
@@ -318,9 +451,12 @@ def probation_limit(svc: Service) -> int:
     )
 
 
-def outstanding(svc: Service, cur, oldest_policy: int, probation: bool) -> int:
+def outstanding(
+    svc: Service, cur, oldest_policy: int, probation: bool, net: str | None = None
+) -> int:
     """Groups out (open assignments, files on their way with a fresh policy) of the
-    nodes on probation (`probation`) or of the others."""
+    nodes on probation (`probation`) or of the others; with `net`, of that address
+    range's nodes only."""
     o = svc.cfg.orchestrator
     trusted = list(o.trusted_workers)
     marks = ", ".join("?" for _ in trusted) or "''"
@@ -330,16 +466,33 @@ def outstanding(svc: Service, cur, oldest_policy: int, probation: bool) -> int:
         if probation
         else f"(COALESCE(n.proven, 0) >= ? OR {{col}} IN ({marks}))"
     )
+    within = " AND {col} IN (SELECT key FROM nodes WHERE net = ?)" if net is not None else ""
+    extra = (net,) if net is not None else ()
     a = cur.execute(
         "SELECT COALESCE(SUM(a.groups), 0) FROM assignments a"
         " LEFT JOIN standing n ON n.node = a.node WHERE a.state = 'open' AND a.policy >= ?"
-        " AND " + cond.format(col="a.node"),
-        (oldest_policy, o.probation_files, *trusted),
+        " AND " + (cond + within).format(col="a.node"),
+        (oldest_policy, o.probation_files, *trusted, *extra),
     ).fetchone()[0]
     f = cur.execute(
         "SELECT COALESCE(SUM(f.groups), 0) FROM files f LEFT JOIN standing n ON n.node = f.node"
         " WHERE f.state IN ('uploading', 'pending', 'accepted') AND f.void = 0"
-        " AND f.policy >= ? AND " + cond.format(col="f.node"),
-        (oldest_policy, o.probation_files, *trusted),
+        " AND f.policy >= ? AND " + (cond + within).format(col="f.node"),
+        (oldest_policy, o.probation_files, *trusted, *extra),
     ).fetchone()[0]
     return int(a) + int(f)
+
+
+def range_room(svc: Service, cur, node: str, oldest_policy: int, groups: int) -> bool:
+    """Whether a node on probation may take `groups` more groups of the probation pool
+    within its address range's share: `range_share` of the pool, at least one file."""
+    cfg = svc.cfg
+    if cfg.orchestrator.range_share >= 1.0:
+        return True
+    row = cur.execute("SELECT net FROM nodes WHERE key = ?", (node,)).fetchone()
+    share = max(
+        cfg.worker.groups_per_file,
+        math.floor(cfg.orchestrator.range_share * probation_limit(svc)),
+    )
+    held = outstanding(svc, cur, oldest_policy, True, row[0] if row else "")
+    return held + groups <= share

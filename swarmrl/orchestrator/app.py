@@ -35,7 +35,16 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, Response
 
 from swarmrl.envs.python_tool import interpreter_version
-from swarmrl.orchestrator import admission, dashboard, files, mismatch, nodes, relays, work
+from swarmrl.orchestrator import (
+    admission,
+    dashboard,
+    files,
+    mismatch,
+    nodes,
+    relays,
+    relaystanding,
+    work,
+)
 from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
 from swarmrl.orchestrator.auth import (
     Caller,
@@ -108,7 +117,7 @@ def public_params(svc: Service) -> dict:
         "dataset": dataset,
         "heartbeat_s": o.heartbeat_s,
         "stake": o.stake,
-        "register_work_bits": o.register_work_bits,
+        "register_work_bits": svc.work_bits,
         "invitation_only": o.faucet_burst == 0,
         "requirements": {
             "min_cpus": o.min_cpus,
@@ -131,14 +140,15 @@ class Signed:
         self.svc = svc
         self.pool = pool
         self.node = Depends(self._signed_by("node"))
+        self.newcomer = Depends(self._signed_by("node", registering=True))
         self.live_node = Depends(self._signed_by("node", live=True))
         self.validator = Depends(self._signed_by("validator"))
         self.trainer = Depends(self._signed_by("trainer"))
         self.anyone = Depends(self._signed_by(None))
 
-    def _signed_by(self, role: str | None, live: bool = False):
+    def _signed_by(self, role: str | None, live: bool = False, registering: bool = False):
         async def check(request: Request) -> Caller:
-            return await authenticate(self.svc, request, role, live)
+            return await authenticate(self.svc, request, role, live, registering)
 
         async def dependency(request: Request) -> Caller:
             caller = getattr(request.state, "caller", None)
@@ -263,18 +273,26 @@ def _node_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
     """Signed by a node: register, heartbeat, upload grants, submit, relay reports."""
     call = signed.call
 
-    @app.post("/v1/nodes/register", responses=ERRORS)
-    async def register(body: RegisterIn, caller: Caller = signed.node) -> dict:
+    @app.post("/v1/nodes/register", responses={**ERRORS, 429: {"description": "Full: retry"}})
+    async def register(body: RegisterIn, caller: Caller = signed.newcomer) -> dict:
         if body.role == "worker" and body.hardware is None:
             raise ApiError(422, "a worker must send its hardware report")
         if body.role == "relay" and not body.url:
             raise ApiError(422, "a relay must send its URL")
         hw = body.hardware.model_dump() if body.hardware else {}
 
-        def checked_register():  # after the nonce is recorded: a replay resolves nothing
+        def checked_register():  # the nonce is recorded with the registration (auth.py)
+            places: list[str] = []
             if body.role == "relay":
-                relays.check(body.url, svc.cfg.orchestrator.relay_networks)
-            return nodes.register(svc, caller.key, body.role, hw, body.url, body.work, body.invite)
+                if svc.db.one(
+                    "SELECT 1 FROM nonces WHERE key = ? AND nonce = ?", (caller.key, caller.nonce)
+                ):
+                    raise ApiError(401, "nonce already used")  # a replay resolves nothing
+                addresses = relays.check(body.url, svc.cfg.orchestrator.relay_networks)
+                places = relaystanding.endpoints(body.url, addresses)
+            return nodes.register(
+                svc, caller, body.role, hw, body.url, body.work, body.invite, places
+            )
 
         return await call(caller, checked_register)
 
@@ -299,7 +317,7 @@ def _node_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
         def report():
             if svc.role_of(caller.key) != "validator":
                 require_live_node(svc, caller.key)
-            return work.report_relay(svc, caller.key, body.url, body.what)
+            return relaystanding.report(svc, caller.key, body.url, body.what)
 
         return await call(caller, report)
 

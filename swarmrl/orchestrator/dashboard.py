@@ -240,7 +240,7 @@ def _lag(svc: Service, version: int | None, newest: int | None, now: float) -> f
         return None
     if version >= newest:
         return 0.0
-    announced = dict(svc.published_at)  # a copy: publishes insert from another thread
+    announced = svc.published_at.copy()  # publishes insert from another thread
     missing = [t for v, t in announced.items() if version < v <= newest]
     return now - min(missing) if missing else None
 

@@ -48,7 +48,8 @@ SCHEMA = [
     " state TEXT NOT NULL, registered DOUBLE PRECISION NOT NULL,"
     " last_seen DOUBLE PRECISION NOT NULL, hardware TEXT NOT NULL, budget BIGINT NOT NULL,"
     " url TEXT NOT NULL, stake DOUBLE PRECISION NOT NULL, slashed DOUBLE PRECISION NOT NULL,"
-    " reason TEXT NOT NULL)",
+    " reason TEXT NOT NULL, net TEXT NOT NULL DEFAULT '', endpoints TEXT NOT NULL DEFAULT '')",
+    "CREATE INDEX IF NOT EXISTS nodes_net ON nodes (net, role, state)",
     "CREATE TABLE IF NOT EXISTS assignments (counter BIGINT PRIMARY KEY, node TEXT NOT NULL,"
     " step BIGINT NOT NULL, policy BIGINT NOT NULL, seed BIGINT NOT NULL,"
     " groups BIGINT NOT NULL, max_new_tokens BIGINT NOT NULL,"
@@ -69,8 +70,15 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS files_submitted ON files (submitted)",
     "CREATE TABLE IF NOT EXISTS steps (step BIGINT PRIMARY KEY, sampler TEXT NOT NULL,"
     " opened DOUBLE PRECISION NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS relay_reports (url TEXT NOT NULL, reporter TEXT NOT NULL,"
-    " time DOUBLE PRECISION NOT NULL, what TEXT NOT NULL, PRIMARY KEY (url, reporter))",
+    # reports name the relay's key (relaystanding.py); holds: delisted keys and addresses
+    "CREATE TABLE IF NOT EXISTS relay_reports (relay TEXT NOT NULL, reporter TEXT NOT NULL,"
+    " time DOUBLE PRECISION NOT NULL, what TEXT NOT NULL, PRIMARY KEY (relay, reporter))",
+    "CREATE INDEX IF NOT EXISTS relay_reports_reporter ON relay_reports (reporter, time)",
+    "CREATE TABLE IF NOT EXISTS relay_holds (kind TEXT NOT NULL, name TEXT NOT NULL,"
+    " until DOUBLE PRECISION NOT NULL, times BIGINT NOT NULL, PRIMARY KEY (kind, name))",
+    # the faucet of each address range (admission.py), beside the run's in `meta`
+    "CREATE TABLE IF NOT EXISTS faucets (net TEXT PRIMARY KEY, level DOUBLE PRECISION NOT NULL,"
+    " time DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS relay_checks (url TEXT PRIMARY KEY, listed INTEGER NOT NULL,"
     " failures BIGINT NOT NULL, version BIGINT, checked DOUBLE PRECISION NOT NULL,"
     " next_check DOUBLE PRECISION NOT NULL, detail TEXT NOT NULL)",
@@ -79,7 +87,8 @@ SCHEMA = [
     " kl DOUBLE PRECISION NOT NULL, truncated DOUBLE PRECISION NOT NULL, files BIGINT NOT NULL,"
     " PRIMARY KEY (step, node, checked, staleness))",
     "CREATE TABLE IF NOT EXISTS standing (node TEXT PRIMARY KEY, proven BIGINT NOT NULL,"
-    " expired BIGINT NOT NULL, last_expired DOUBLE PRECISION NOT NULL)",
+    " expired BIGINT NOT NULL, last_expired DOUBLE PRECISION NOT NULL,"
+    " judged BIGINT NOT NULL DEFAULT 0, blameless BIGINT NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS invites (hash TEXT PRIMARY KEY, stake DOUBLE PRECISION NOT NULL,"
     " issued DOUBLE PRECISION NOT NULL, used_by TEXT, used DOUBLE PRECISION)",
     "CREATE TABLE IF NOT EXISTS pace (node TEXT PRIMARY KEY, s_per_unit DOUBLE PRECISION NOT NULL,"
@@ -94,6 +103,14 @@ SCHEMA = [
     "CREATE TABLE IF NOT EXISTS events (id {autoid}, time DOUBLE PRECISION NOT NULL,"
     " node TEXT NOT NULL, kind TEXT NOT NULL, amount DOUBLE PRECISION NOT NULL,"
     " detail TEXT NOT NULL)",
+]
+
+# columns added since a table was first made: added to a database from before
+ADDED_COLUMNS = [
+    ("nodes", "net", "TEXT NOT NULL DEFAULT ''"),
+    ("nodes", "endpoints", "TEXT NOT NULL DEFAULT ''"),
+    ("standing", "judged", "BIGINT NOT NULL DEFAULT 0"),
+    ("standing", "blameless", "BIGINT NOT NULL DEFAULT 0"),
 ]
 
 
@@ -147,6 +164,14 @@ class Database:
             columns = self._columns(cur, "mismatch")
             if columns and "staleness" not in columns:
                 cur.execute("DROP TABLE mismatch")
+            # relay reports once named a URL: they are short-lived, and start afresh
+            columns = self._columns(cur, "relay_reports")
+            if columns and "relay" not in columns:
+                cur.execute("DROP TABLE relay_reports")
+            for table, column, kind in ADDED_COLUMNS:
+                columns = self._columns(cur, table)
+                if columns and column not in columns:
+                    cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             for stmt in SCHEMA:
                 cur.execute(stmt.replace("{autoid}", autoid))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from swarmrl.orchestrator.admission import record_proof
+from swarmrl.orchestrator.admission import record_judgement, record_proof
 from swarmrl.orchestrator.mismatch import recheck_unconsumed
 from swarmrl.orchestrator.nodes import event, punish
 from swarmrl.orchestrator.service import ApiError, Service
@@ -116,14 +116,20 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
                 (blob, v.key),
             )
             record_proof(cur, node)  # admission.py: a step out of probation
+            record_judgement(svc, cur, node, False, svc.clock())
             return {"state": "accepted"}
         cur.execute(
             "UPDATE files SET state = 'rejected', checked = 1, verdict = ?, check_name = ?,"
             " reason = ? WHERE key = ?",
             (blob, v.check, v.reason[:1000], v.key),
         )
-        # the validator's own failure or doubt (BLAMELESS_CHECKS): refused, no one punished
-        ejected = _eject(svc, cur, node, v) if v.check not in BLAMELESS_CHECKS else False
+        # the validator's own failure or doubt (BLAMELESS_CHECKS): refused, no one punished,
+        # but counted: a node refused so far more often than the swarm goes back to probation
+        if v.check in BLAMELESS_CHECKS:
+            ejected = False
+            record_judgement(svc, cur, node, True, svc.clock())
+        else:
+            ejected = _eject(svc, cur, node, v)
     _purge_late(svc, v.key, policy)
     return {"state": "rejected", "ejected": ejected}
 
@@ -197,9 +203,7 @@ def published(svc: Service, version: int) -> dict:
         ).fetchall()
         if upto > purged_rejected:
             svc.set_meta(cur, "purged_rejected", str(upto))
-    svc.published_at[version] = svc.clock()
-    while len(svc.published_at) > 4096:  # the dashboard's weights lag needs the recent ones
-        del svc.published_at[min(svc.published_at)]
+    svc.published_at[version] = svc.clock()  # the newest 4096 (the dashboard's weights lag)
     for (k,) in rows:
         svc.objects.delete(k)
     if upto > purged:
@@ -255,9 +259,11 @@ def trainer_reject(svc: Service, key: str, reason: str) -> dict:
     with svc.db.tx() as cur:
         row = cur.execute(
             "UPDATE files SET state = 'rejected', check_name = 'trainer', reason = ?"
-            " WHERE key = ? AND state IN ('accepted', 'consumed') RETURNING policy",
+            " WHERE key = ? AND state IN ('accepted', 'consumed') RETURNING policy, node",
             (reason[:1000], key),
         ).fetchone()
+        if row is not None:  # no one is blamed, and it counts as a blameless refusal
+            record_judgement(svc, cur, row[1], True, svc.clock())
     if row is not None:
         _purge_late(svc, key, row[0])
     return {"rejected": row is not None}

@@ -7,8 +7,10 @@
     dead ──register again──► registered  (its stake is still held)
     any ──rejected file──► ejected  (stake slashed, unfinished work voided)
     any ──operator ban──► banned ──unban──► dead
+    relay ──reported by enough nodes──► delisted ──its hold passed──► registered
 
-An ejected or banned key gets 403 on every call and cannot register again.
+An ejected or banned key gets 403 on every call and cannot register again; a
+delisted relay's key gets 403 until its hold has passed (relaystanding.py).
 A dead node's open assignments become `orphaned` and go to the next node
 that asks for work (orchestrator/work.py). When the orchestrator starts, it
 gives every live node a fresh `last_seen`: its own downtime is not the
@@ -25,11 +27,20 @@ from __future__ import annotations
 
 import json
 
-from swarmrl.orchestrator.admission import admit, record_claim, record_expiry, record_pace
+from swarmrl.orchestrator import relaystanding
+from swarmrl.orchestrator.admission import (
+    admit,
+    forget_full_faucets,
+    record_claim,
+    record_expiry,
+    record_pace,
+)
+from swarmrl.orchestrator.auth import Caller, record_nonce
+from swarmrl.orchestrator.ranges import address_range
 from swarmrl.orchestrator.service import ApiError, Service
 
 LIVE = ("registered", "healthy", "unhealthy")
-STATES = (*LIVE, "dead", "ejected", "banned")
+STATES = (*LIVE, "dead", "ejected", "banned", "delisted")
 
 
 def length_budget(svc: Service, tokens_per_s: float) -> int:
@@ -56,27 +67,39 @@ def check_hardware(svc: Service, hw: dict) -> None:
 
 
 def register(
-    svc: Service, key: str, role: str, hardware: dict, url: str, work: str = "", invite: str = ""
-) -> dict:
+    svc: Service, caller: Caller, role: str, hardware: dict, url: str, work: str = "",
+    invite: str = "", places: list[str] = (),
+) -> dict:  # fmt: skip
     """Admit a worker or relay (trainers and validators are known by config). A new key
     pays to enter and gets its stake from the operator (admission.admit); a known key
-    registers again for nothing."""
+    registers again for nothing, but a relay's key after a delisting pays as a new one
+    (relaystanding.py). The caller's nonce is recorded in the same transaction, and
+    nothing is stored when the registration is refused. `places`: a relay URL's
+    endpoints (relaystanding.endpoints)."""
+    key = caller.key
     now = svc.clock()
     if role == "worker":
         check_hardware(svc, hardware)
     budget = length_budget(svc, hardware.get("tokens_per_s", 0.0)) if role == "worker" else 0
+    net = address_range(caller.address)
     with svc.db.tx() as cur:
+        record_nonce(svc, cur, caller)
         row = cur.execute("SELECT state, role FROM nodes WHERE key = ?", (key,)).fetchone()
         if row is not None and row[0] in ("ejected", "banned"):
             raise ApiError(403, f"this key is {row[0]}")
         if row is not None and row[1] != role:
             raise ApiError(409, f"this key is registered as a {row[1]}")
+        if role == "relay":
+            relaystanding.check_registration(svc, cur, key, list(places), net)
         hw = json.dumps(hardware, sort_keys=True)
-        if row is None:
-            stake = admit(svc, cur, key, role, work, invite, now)
+        if row is None or row[0] == "delisted":
+            stake = admit(svc, cur, key, role, work, invite, now, net)
+            cur.execute("DELETE FROM nodes WHERE key = ? AND state = 'delisted'", (key,))
             cur.execute(
-                "INSERT INTO nodes VALUES (?, ?, 'registered', ?, ?, ?, ?, ?, ?, 0, '')",
-                (key, role, now, now, hw, budget, url, stake),
+                "INSERT INTO nodes (key, role, state, registered, last_seen, hardware, budget,"
+                " url, stake, slashed, reason, net, endpoints)"
+                " VALUES (?, ?, 'registered', ?, ?, ?, ?, ?, ?, 0, '', ?, ?)",
+                (key, role, now, now, hw, budget, url, stake, net, json.dumps(list(places))),
             )
             if stake:
                 how = (
@@ -90,8 +113,8 @@ def register(
         else:
             cur.execute(
                 "UPDATE nodes SET state = 'registered', last_seen = ?, hardware = ?,"
-                " budget = ?, url = ? WHERE key = ?",
-                (now, hw, budget, url, key),
+                " budget = ?, url = ?, net = ?, endpoints = ? WHERE key = ?",
+                (now, hw, budget, url, net, json.dumps(list(places)), key),
             )
         if role == "worker":
             record_claim(svc, cur, key, float(hardware.get("tokens_per_s", 0.0)))
@@ -111,7 +134,7 @@ def touch(svc: Service, cur, key: str) -> str:
     row = cur.execute("SELECT state FROM nodes WHERE key = ?", (key,)).fetchone()
     if row is None:
         raise ApiError(403, "not registered: POST /v1/nodes/register first")
-    if row[0] in ("ejected", "banned"):
+    if row[0] in ("ejected", "banned", "delisted"):
         raise ApiError(403, f"this key is {row[0]}")
     if row[0] == "dead":
         raise ApiError(409, "this node was declared dead: register again")
@@ -163,6 +186,8 @@ def sweep(svc: Service) -> dict:
         for counter, node in expired:
             record_expiry(cur, node, now)  # admission.py: the node waits before more work
             record_pace(cur, node, counter, now)  # and it took at least this long
+        relaystanding.purge(svc, cur, now)
+        forget_full_faucets(svc, cur, now)
     since = now - 2.0 * o.heartbeat_s  # admission.yields_to_faster looks no further back
     for key in [k for k, t in svc.asked_work.copy().items() if t < since]:
         svc.asked_work.pop(key, None)

@@ -163,11 +163,13 @@ def resolve(host: str, port: int = 80) -> set:
         return {ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}
 
 
-def check(url: str, networks: list[str]) -> None:
-    """ApiError 403 if `url` may not be advertised as a relay."""
-    why = refusal(url, networks)
-    if why is not None:
-        raise ApiError(403, f"relay URL {url[:200]} refused: {why}")
+def check(url: str, networks: list[str]) -> set:
+    """The addresses `url`'s host names now, or ApiError 403 if `url` may not be
+    advertised as a relay."""
+    try:
+        return vetted_addresses(url, networks)
+    except Refused as e:
+        raise ApiError(403, f"relay URL {url[:200]} refused: {e}") from None
 
 
 def _special(a) -> str | None:

@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 from swarmrl.config import ConfigError, RunConfig
+from swarmrl.orchestrator.admission import proof_bits
 from swarmrl.orchestrator.db import open_database
 from swarmrl.orchestrator.service import Service
 from swarmrl.protocol.identity import parse_public_key
@@ -71,6 +72,7 @@ def make_service(cfg: RunConfig, public_url: str) -> Service:
         operator_token=operator_token(cfg),
     )
     svc.init_identity()
+    svc.work_bits = proof_bits(svc)
     if o.store == "s3":
         svc.objects = S3ObjectStore(o.s3_bucket, o.s3_endpoint, o.s3_region)
     else:

@@ -12,7 +12,8 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 
 from swarmrl.config import RunConfig
@@ -27,6 +28,49 @@ def stored_object(text: str | None) -> dict:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+MAX_TRACKED = 100_000  # entries of each per-key table kept in memory (`Recent`)
+
+
+class Recent(MutableMapping):
+    """A dict that keeps its `size` most recently set entries: setting a key makes it
+    the newest, and past `size` the oldest goes. Every per-key table the orchestrator
+    keeps in memory is one, so that no number of keys can grow it without bound (the
+    keys are registered nodes' only: a stranger's call is refused before any is set)."""
+
+    def __init__(self, size: int = MAX_TRACKED):
+        self.size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __setitem__(self, key, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __delitem__(self, key) -> None:
+        with self._lock:
+            del self._items[key]
+
+    def pop(self, key, *default):
+        with self._lock:
+            return self._items.pop(key, *default)
+
+    def __iter__(self):
+        return iter(self.copy())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def copy(self) -> dict:
+        with self._lock:
+            return dict(self._items)
 
 
 class ApiError(Exception):
@@ -50,15 +94,16 @@ class Service:
     clock: Callable[[], float] = time.time
     run_id: str = ""
     secret: bytes = b""
-    upload_times: dict[str, list[float]] = field(default_factory=dict)
-    asked_work: dict[str, float] = field(default_factory=dict)  # admission.py: key -> time
+    upload_times: Recent = field(default_factory=Recent)  # work.py: key -> recent grants
+    asked_work: Recent = field(default_factory=Recent)  # admission.py: key -> time
     # the dashboard's view of the weights, as this replica saw it (not kept in the database):
     # each node's policy version at its last heartbeat, and when each version was announced
-    node_versions: dict[str, int | None] = field(default_factory=dict)
-    published_at: dict[int, float] = field(default_factory=dict)
+    node_versions: Recent = field(default_factory=Recent)
+    published_at: Recent = field(default_factory=lambda: Recent(4096))
     # url -> (time asked, versions it serves or None, error): dashboard.py's ServerVersions
     server_versions: dict[str, tuple] = field(default_factory=dict)
     asking_servers: threading.Lock = field(default_factory=threading.Lock)
+    work_bits: int = 0  # the proof of work a new key pays (admission.proof_bits)
     dataset_sha256: str | None = None
     taskset_pin: str = ""  # a verifiers taskset's fingerprint here, served as task.env_fingerprint
 

@@ -92,9 +92,9 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
     """Record the heartbeat; the answer carries the node's assignment or why it waits."""
     cfg = svc.cfg
     now = svc.clock()
-    svc.node_versions[key] = policy_version
     with svc.db.tx() as cur:
         state = touch(svc, cur, key)
+        svc.node_versions[key] = policy_version  # a registered node's: touch refuses others
         run = run_state(svc, cur)
         answer = {
             "state": state,
@@ -147,6 +147,8 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
             svc.asked_work[key] = now
             if room < 0:
                 answer["wait"] = "enough-work"
+            elif probation and not admission.range_room(svc, cur, key, oldest, groups):
+                answer["wait"] = "range-share"  # admission.py: its address range's share
             elif admission.yields_to_faster(svc, cur, key, probation, room, groups, now):
                 answer["wait"] = "faster-first"  # admission.py: work is short, faster nodes wait
         if answer["wait"] is not None:
@@ -283,43 +285,17 @@ def mark_stale(svc: Service, cur) -> None:
         svc.objects.delete(k)
 
 
-def report_relay(svc: Service, reporter: str, url: str, what: str) -> dict:
-    """Count a report of a bad server. Only validators and workers that have had a file
-    accepted are counted: a fresh key costs only its entry, a contribution costs work."""
-    with svc.db.tx() as cur:
-        if svc.role_of(reporter) != "validator":
-            earned = cur.execute(
-                "SELECT COUNT(*) FROM files WHERE node = ? AND void = 0 AND state IN"
-                " ('accepted', 'consumed', 'trained')",
-                (reporter,),
-            ).fetchone()[0]
-            if not earned:
-                return {"reported": url, "counted": False}
-        cur.execute(
-            "INSERT INTO relay_reports VALUES (?, ?, ?, ?) ON CONFLICT (url, reporter) DO UPDATE"
-            " SET time = excluded.time, what = excluded.what",
-            (url.rstrip("/"), reporter, svc.clock(), what[:300]),
-        )
-    return {"reported": url, "counted": True}
-
-
 def servers(svc: Service, cur) -> list[str]:
     """SHARDCAST servers to advertise: configured ones and registered relays that passed
-    their check (relaycheck.py), minus those reported by `relay_reports` distinct nodes."""
-    configured = [u.rstrip("/") for u in svc.cfg.shardcast.servers]
-    urls = list(configured)
+    their check (relaycheck.py); a delisted relay is not registered (relaystanding.py)."""
+    urls = [u.rstrip("/") for u in svc.cfg.shardcast.servers]
     for (u,) in cur.execute(
         "SELECT url FROM nodes WHERE role = 'relay' AND state IN ('registered', 'healthy')"
         " AND url IN (SELECT url FROM relay_checks WHERE listed = 1) ORDER BY registered"
     ).fetchall():
         if u.rstrip("/") not in urls:
             urls.append(u.rstrip("/"))
-    bad = {
-        u
-        for u, n in cur.execute("SELECT url, COUNT(*) FROM relay_reports GROUP BY url").fetchall()
-        if n >= svc.cfg.orchestrator.relay_reports
-    }
-    return [u for u in urls if u not in bad or u in configured]  # the operator's stay
+    return urls
 
 
 def ledger(svc: Service) -> dict:

@@ -6,10 +6,12 @@ The proof is a decimal nonce such that SHA-256 of
 
 starts with `bits` zero bits. It names the run and the key, so it is paid once
 per key and run and cannot be reused by another key or carried to another
-run; checking it is one hash. Solving takes 2^bits hashes on average (about
-0.5 s per core at 20 bits in CPython's hashlib); hardware built for hashing
-does it far faster, so this prices keys for a script on a laptop, not for a
-farm (docs/threat-model.md). The orchestrator's faucet is the bound that
+run; checking it is one hash. Solving takes 2^bits hashes on average; the
+orchestrator sets `bits` from a price in seconds of one core
+(`orchestrator.register_work_s`), measuring how fast one core of its own
+machine runs this loop (`hashes_per_second`, `bits_for`). Hardware built for
+hashing does it far faster, so this prices keys for a script on a laptop, not
+for a farm (docs/threat-model.md). The orchestrator's faucet is the bound that
 holds whatever the attacker's hardware.
 """
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
+import time
 
 MAX_BITS = 40
 MAX_NONCE_DIGITS = 20
@@ -57,3 +61,23 @@ def check(run_id: str, public_key: str, nonce: str, bits: int) -> bool:
     h = _prefix(run_id, public_key)
     h.update(nonce.encode())
     return _zero_bits(h.digest()) >= bits
+
+
+def hashes_per_second(hashes: int = 1 << 16) -> float:
+    """How many candidate nonces one core checks a second here, timed on `hashes` of
+    them (CPU time of this thread: other load on the machine does not count)."""
+    prefix = _prefix("calibration", "0" * 64)
+    start = time.thread_time()
+    for n in range(hashes):
+        h = prefix.copy()
+        h.update(str(n).encode())
+        _zero_bits(h.digest())
+    return hashes / max(time.thread_time() - start, 1e-9)
+
+
+def bits_for(seconds: float, rate: float) -> int:
+    """The proof whose average cost is nearest `seconds` at `rate` hashes a second
+    (0 for no proof; at most MAX_BITS)."""
+    if seconds <= 0:
+        return 0
+    return max(1, min(MAX_BITS, round(math.log2(seconds * rate))))

@@ -32,8 +32,10 @@ def test_multiturn_swarm_accepts_honest_trajectories_and_rejects_tool_cheats(tmp
         "--cheaters", str(len(cheats)), "--cheats", ",".join(cheats),
         f"runs_dir={json.dumps(str(tmp_path / 'runs'))}", f"trainer.steps={steps}",
         "launcher.eval_problems=0", "validator.sample_rate=1.0",
-        # every cheater gets work at once (entry is tested apart: test_orchestrator_entry.py)
+        # every cheater gets work at once (entry is tested apart: test_orchestrator_entry.py,
+        # the shares per address range in test_orchestrator_ranges.py)
         "orchestrator.register_work_bits=8", "orchestrator.probation_groups=64",
+        "orchestrator.range_share=1",
         "worker.max_pending_groups=64",
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)

@@ -298,7 +298,8 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
     # a cheap proof of work (at 20 bits one took 6 s on a loaded machine), and room for a
     # file of each of the 13 nodes at once, for proven and new nodes alike (by default
     # both hold trainer.batch_groups = 16 groups: two files, so most cheaters waited out
-    # the run; one run judged 5 of the 11)
+    # the run; one run judged 5 of the 11); all come from one address, so no share per
+    # address range (test_orchestrator_ranges.py tests those)
     # Published in bfloat16, every version also as a patch, which the workers take. The
     # log-prob tolerance is the tiny model's own (its honest bfloat16 files: at most 5e-4,
     # the low-precision and other-model cheats 0.045 and up; bench/bf16_tolerances.py):
@@ -306,7 +307,8 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
     cmd = swarm_cmd(
         tmp_path, tiny_model, f"trainer.steps={steps}", "curriculum.start_level=1",
         "orchestrator.register_work_bits=8", "orchestrator.probation_groups=104",
-        "worker.max_pending_groups=104", 'model.publish_dtype="bfloat16"',
+        "orchestrator.range_share=1", "worker.max_pending_groups=104",
+        'model.publish_dtype="bfloat16"',
         "shardcast.patch_max_fraction=1.0", "validator.logprob_tolerance=0.01",
     )  # fmt: skip
     cmd[4:4] = ["--cheaters", str(len(CHEATS)), "--cheats", ",".join(CHEATS)]

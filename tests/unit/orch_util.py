@@ -4,6 +4,7 @@ moves and keys for a trainer, a validator, workers and the operator."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -37,14 +38,16 @@ class Orch:
         keys = tmp / "runs" / "t" / "keys"
         self.trainer = load_or_create_key(keys / "trainer.key")
         self.validator = load_or_create_key(keys / "validator-0.key")
-        # no probation, proof of work or faucet limit unless a test asks for them
-        # (test_orchestrator_admission.py, test_orchestrator_entry.py do)
+        # no probation, proof of work, faucet limit or share per address range unless a
+        # test asks for them (test_orchestrator_admission.py, test_orchestrator_entry.py,
+        # test_orchestrator_ranges.py do): every call comes from one test client
         over = [
             f"runs_dir={json.dumps(str(tmp / 'runs'))}",
             "name=t",
             "orchestrator.probation_files=0",
             "orchestrator.register_work_bits=0",
             "orchestrator.faucet_burst=1000000",
+            "orchestrator.range_share=1",
         ]
         if database:
             over.append(f"orchestrator.database={json.dumps(database)}")
@@ -61,6 +64,12 @@ class Orch:
     def restart(self) -> None:
         self.svc.db.close()
         self.open()
+
+    def at(self, host: str) -> Orch:
+        """This orchestrator as called from the peer address `host` (the same app)."""
+        other = copy.copy(self)
+        other.http = TestClient(self.http.app, client=(host, 50000))
+        return other
 
     def worker(self, name: str):
         return load_or_create_key(self.tmp / "nodes" / name / "node.key")
