@@ -107,6 +107,9 @@ from benchproc import Proc, clean_env, free_port, rm_tree, status_kb, wait_port 
 from orchestrator_hostile import (  # noqa: E402
     Attack,
     Hostile,
+    bomber,
+    long_declared,
+    newcomer,
     slow_loris,
     solve_all,
     summarize_attack,
@@ -132,8 +135,11 @@ from orchestrator_nodes import (  # noqa: E402
     register_all,
     work_loop,
 )
+from rollout_bombs import bomb_set  # noqa: E402
 
+from swarmrl.config import load_config  # noqa: E402
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex  # noqa: E402
+from swarmrl.protocol.rollouts import Limits  # noqa: E402
 
 GOAL_NODES = 1000
 GOAL_P99_MS = 50.0
@@ -145,6 +151,8 @@ NODES_PER_ADDRESS = 16  # honest nodes sharing one loopback source address
 POOL_PER_ADDRESS = 32  # their connection pool: under orchestrator.max_connections_per_client
 SYBIL_ADDRESS = "127.0.200.1"  # the hostile mix's clients, apart from the honest ones
 LORIS_ADDRESS = "127.0.200.2"
+LONG_ADDRESS = "127.0.200.3"
+NEWCOMER_ADDRESS = "127.0.201.1"  # another address range (ranges.py: loopback, one each)
 
 
 def honest_addresses(n: int) -> list[str]:
@@ -237,6 +245,9 @@ async def drive(
                 bits = (await r.json())["register_work_bits"]
             sybils = [SigningKey.generate() for _ in range(hostile.sybils)]
             proofs = solve_all(swarm.run_id, sybils, bits)
+            extra = [SigningKey.generate() for _ in range(2)]  # the bomber, the newcomer
+            extra_proofs = solve_all(swarm.run_id, extra, bits)
+            bombs = bomb_set(Limits.of_run(load_config(None, [])).max_rows) if hostile.bombs else {}
         rng = random.Random(n)
         begin = time.monotonic() + 0.2
         rec.start = begin + load.warmup_s
@@ -257,6 +268,16 @@ async def drive(
                     url, swarm.run_id, sybils, proofs, rec.start, end, attack, SYBIL_ADDRESS
                 )
             )
+            if hostile.long_lengths:
+                tasks.append(long_declared(host, port, hostile.long_lengths, end, attack,
+                                           LONG_ADDRESS))  # fmt: skip
+            if bombs:
+                tasks.append(bomber(url, swarm.run_id, extra[0], extra_proofs[0], bombs, token,
+                                    rec.start, end, attack, pids[0], SYBIL_ADDRESS))  # fmt: skip
+            if hostile.newcomer:
+                middle = rec.start + load.seconds / 2
+                tasks.append(newcomer(url, swarm.run_id, extra[1], extra_proofs[1], middle,
+                                      attack, NEWCOMER_ADDRESS))  # fmt: skip
         lags: list[float] = []
         running = asyncio.gather(*tasks, loop_lag(end, rec, lags))
         await asyncio.sleep(max(0.0, rec.start - time.monotonic()))
@@ -367,6 +388,7 @@ def sweep(
                 f"{attacked['errors']} errors; {attacked['attack']}",
                 file=sys.stderr,
             )
+    validator = validator_reads() if hostile is not None and hostile.bombs else None
     crossed = next((lv["nodes"] for lv in levels if lv["p99_ms"] > GOAL_P99_MS), None)
     goal = next((lv for lv in levels if lv["nodes"] == GOAL_NODES), None)
     clean = next((lv for lv in levels if hostile and lv["nodes"] == hostile.nodes), None)
@@ -381,9 +403,22 @@ def sweep(
         }
     out = {"levels": levels, "p99_over_50ms_at_nodes": crossed, "goal_1000_nodes": verdict}
     if attacked is not None:
+        bombs = attacked["attack"]["bombs"]
+        views = [b for b in bombs.values() if isinstance(b, dict)]
         out["hostile"] = {
             "nodes": hostile.nodes,
-            "met": attacked["p99_ms"] < GOAL_P99_MS and attacked["errors"] == 0,
+            "met": attacked["p99_ms"] < GOAL_P99_MS
+            and attacked["errors"] == 0
+            and attacked["attack"]["newcomer"].get("admitted", not hostile.newcomer)
+            and all(b.get("refused") for b in views)
+            and (validator is None or validator["all_refused"]),
+            "newcomer_admitted": attacked["attack"]["newcomer"].get("admitted"),
+            "bombs_refused_by_viewer": sum(1 for b in views if b.get("refused")),
+            "viewer_child_peak_max_mb": max(
+                (b.get("child_peak_mb", 0) for b in views), default=None
+            ),
+            "viewer_cap_mb": viewer_cap_mb(),
+            "validator": validator,
             "honest_p99_ms": attacked["p99_ms"],
             "honest_errors": attacked["errors"],
             "clean_p99_ms": clean["p99_ms"] if clean else None,
@@ -395,6 +430,30 @@ def sweep(
             "level": attacked,
         }
     return out
+
+
+def viewer_cap_mb() -> float:
+    """The memory cap of the dashboard viewer's decoding child on the benchmark's run."""
+    from swarmrl.orchestrator.dashboard import ROLLOUT_DECODED_BYTES
+    from swarmrl.protocol.rollouts import decode_memory, decoded_budget
+
+    budget = min(ROLLOUT_DECODED_BYTES, decoded_budget(Limits.of_run(load_config(None, []))))
+    return round(decode_memory(budget) / 2**20, 1)
+
+
+def validator_reads() -> dict:
+    """The validator's side: bench/rollout_bombs.py reads every bomb as a validator of the
+    default run does, in a process of its own (its peak memory is its own)."""
+    import subprocess
+
+    python = ROOT / ".venv" / "bin" / "python"
+    out = subprocess.run(
+        [str(python if python.exists() else sys.executable), str(ROOT / "bench" / "rollout_bombs.py")],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=clean_env({}),
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"bench/rollout_bombs.py failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -413,8 +472,15 @@ def main() -> None:
         "--hostile-nodes", type=int, default=GOAL_NODES, help="hostile mix: honest nodes"
     )
     ap.add_argument("--no-hostile", action="store_true", help="skip the hostile mix")
+    ap.add_argument(
+        "--long-lengths", type=int, default=20, help="hostile mix: declared 10^12-byte bodies"
+    )
     args = ap.parse_args()
-    hostile = None if args.no_hostile else Hostile(args.hostile_nodes, args.sybils, args.loris)
+    hostile = (
+        None
+        if args.no_hostile
+        else Hostile(args.hostile_nodes, args.sybils, args.loris, long_lengths=args.long_lengths)
+    )
     warmup = args.heartbeat_s if args.warmup_s is None else args.warmup_s
     load = Load(args.heartbeat_s, args.file_s, args.file_kb * 1024, args.seconds, warmup)
     counts = [int(x) for x in args.nodes.split(",")]

@@ -1,5 +1,6 @@
 """Rollout files that are small on disk and huge decoded, as a hostile worker would upload
-them: shared by tests/unit/test_rollout_bombs.py and bench/orchestrator_hostile.py.
+them: shared by tests/unit/test_rollout_bombs.py and the hostile mix of
+bench/orchestrator_load.py.
 
 - `dictionary_bomb`: one long text value in every row, dictionary-encoded (the
   footer counts the value once, the rows decode it once each);
@@ -13,6 +14,12 @@ them: shared by tests/unit/test_rollout_bombs.py and bench/orchestrator_hostile.
 The footer is parquet's FileMetaData in Thrift's compact protocol; `understated`
 reads it into a tree of fields, changes the counts and sizes, and writes it back
 (`_Compact`: just enough of the protocol for that).
+
+Run as a program, it is the validator's side of the hostile mix
+(bench/orchestrator_hostile.py): it reads each bomb as a validator of the default
+run does (`read_rollouts` with `Limits.of_run`, as validator/checks.py) and prints
+one JSON object: each bomb's size, the reason it was refused, the decoding child's
+peak against its cap, and how much this reader's own peak memory grew.
 """
 
 from __future__ import annotations
@@ -67,6 +74,17 @@ def nested_bomb(rows: int = 64, elements: int = 1 << 22) -> bytes:
     """`rows` rows, each with `elements` tokens, log-probs and mask entries of one value."""
     one = pa.Table.from_pylist([honest_row(tokens=elements)], schema=_SCHEMA)
     return _write(one, copies=rows)
+
+
+def bomb_set(rows: int) -> dict[str, bytes]:
+    """Every kind of bomb with `rows` rows (a run's rows per file), each also with an
+    understated footer."""
+    made = {
+        "dictionary": dictionary_bomb(rows, 1 << 20),
+        "repeated": repeated_bomb(rows, 1 << 20),
+        "nested": nested_bomb(rows, 1 << 21),
+    }
+    return made | {f"{name}/understated": understated(d) for name, d in made.items()}
 
 
 def understated(data: bytes, values: int = 1, size: int = 64) -> bytes:
@@ -224,3 +242,54 @@ class _Writer:
             self.value(kind, v)
             last = fid
         self.buf.append(_STOP)
+
+
+def main() -> None:
+    import json
+    import resource
+    import time
+
+    from swarmrl import capped
+    from swarmrl.config import load_config
+    from swarmrl.protocol.rollouts import (
+        Limits,
+        RolloutFileError,
+        decode_memory,
+        decoded_budget,
+        read_rollouts,
+    )
+
+    limits = Limits.of_run(load_config(None, []))
+    budget = decoded_budget(limits)
+    files = bomb_set(limits.max_rows)
+    honest = [honest_row() for _ in range(limits.group_size or 1)]
+    read_rollouts(_write(pa.Table.from_pylist(honest, schema=_SCHEMA)), limits)  # warm
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {}
+    for name, data in files.items():
+        t0 = time.monotonic()
+        try:
+            read_rollouts(data, limits)
+            reason = None
+        except RolloutFileError as e:
+            reason = str(e)
+        out[name] = {
+            "file_kb": round(len(data) / 1024, 1),
+            "refused": reason,
+            "child_peak_mb": round(capped.shared().last_peak_bytes / 2**20, 1),
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+    grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start
+    print(json.dumps({
+        "rows": limits.max_rows,
+        "budget_mb": round(budget / 2**20, 2),
+        "cap_mb": round(decode_memory(budget) / 2**20, 1),
+        "bombs": out,
+        "all_refused": all(b["refused"] for b in out.values()),
+        "child_peak_max_mb": max(b["child_peak_mb"] for b in out.values()),
+        "reader_peak_growth_mb": round(grew / 1024, 1),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

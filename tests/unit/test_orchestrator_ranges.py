@@ -147,3 +147,40 @@ def test_blameless_refusals_far_above_the_swarms_send_a_node_back_to_probation(t
     with o.svc.db.tx() as cur:
         assert not admission.on_probation(o.svc, cur, pubhex(honest))
     assert o.assignment(honest, 0)["assignment"] is not None
+
+
+def test_a_database_from_before_gains_the_new_columns(tmp_path):
+    """A run's database made before address ranges, blameless counts and key-based relay
+    reports opens with them added, its rows kept (reports, short-lived, start afresh)."""
+    import sqlite3
+
+    from swarmrl.orchestrator.db import SQLiteDatabase
+
+    path = tmp_path / "state.sqlite"
+    with sqlite3.connect(path) as old:
+        old.execute(
+            "CREATE TABLE nodes (key TEXT PRIMARY KEY, role TEXT NOT NULL, state TEXT NOT NULL,"
+            " registered DOUBLE PRECISION NOT NULL, last_seen DOUBLE PRECISION NOT NULL,"
+            " hardware TEXT NOT NULL, budget BIGINT NOT NULL, url TEXT NOT NULL,"
+            " stake DOUBLE PRECISION NOT NULL, slashed DOUBLE PRECISION NOT NULL,"
+            " reason TEXT NOT NULL)"
+        )
+        old.execute(
+            "CREATE TABLE standing (node TEXT PRIMARY KEY, proven BIGINT NOT NULL,"
+            " expired BIGINT NOT NULL, last_expired DOUBLE PRECISION NOT NULL)"
+        )
+        old.execute(
+            "CREATE TABLE relay_reports (url TEXT NOT NULL, reporter TEXT NOT NULL,"
+            " time DOUBLE PRECISION NOT NULL, what TEXT NOT NULL, PRIMARY KEY (url, reporter))"
+        )
+        old.execute("INSERT INTO nodes VALUES ('k', 'worker', 'healthy', 1, 2, '{}', 16, '',"
+                    " 100, 0, '')")  # fmt: skip
+        old.execute("INSERT INTO standing VALUES ('k', 2, 0, 0)")
+        old.execute("INSERT INTO relay_reports VALUES ('http://x', 'k', 1, '')")
+    db = SQLiteDatabase(path)
+    try:
+        assert db.one("SELECT key, stake, net, endpoints FROM nodes") == [("k", 100.0, "", "")]
+        assert db.one("SELECT proven, judged, blameless FROM standing") == [(2, 0, 0)]
+        assert db.one("SELECT COUNT(*) FROM relay_reports") == [(0,)]
+    finally:
+        db.close()
