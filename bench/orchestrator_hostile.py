@@ -168,7 +168,8 @@ async def long_declared(
     host: str, port: int, n: int, end: float, attack: Attack, source: str | None = None
 ) -> None:
     """`n` connections declaring a 10^12-byte body and dripping it (two bytes a second)
-    until `end`, each reopened when the server closes it."""
+    until `end`, each reopened half a second after the server closes it (at once, it
+    would be a flood of requests from one address, which nothing here rate-limits)."""
     heads = [
         b"POST /v1/nodes/heartbeat HTTP/1.1\r\nHost: o\r\nContent-Type: application/json\r\n"
         b"Content-Length: 1000000000000\r\n\r\n",
@@ -206,6 +207,7 @@ async def long_declared(
                 writer.close()
             if closed:
                 attack.long_held.append(time.monotonic() - t0)
+                await asyncio.sleep(0.5)
             else:
                 attack.long_open_at_end += 1
 
@@ -242,7 +244,11 @@ async def bomber(
             seen = {"file_kb": round(len(data) / 1024, 1)}
             attack.bombs[name] = seen
             want = {"policy_version": 0, "want_work": True}
-            status, hb = await _signed(s, url, run_id, key, "/v1/nodes/heartbeat", want)
+            for _ in range(5):  # its address's connections may be at their cap: try again
+                status, hb = await _signed(s, url, run_id, key, "/v1/nodes/heartbeat", want)
+                if status == 200:
+                    break
+                await asyncio.sleep(1.0)
             if status != 200 or hb.get("assignment") is None:
                 seen["no_assignment"] = f"{status} {hb}"[:200]
                 continue
@@ -265,8 +271,13 @@ async def bomber(
                 seen["viewer"] = r.status
             seen["viewer_s"] = round(time.monotonic() - t0, 2)
             seen["refused"] = str(view.get("gone", ""))[:240]
-            children = process_tree(orchestrator_pid)[1:]
-            seen["child_peak_mb"] = max((_mb(status_kb(c, "VmHWM")) for c in children), default=0)
+            # the decoding child's peak resident memory over what it holds after the call
+            # (its peak is reset at each call); a child stopped at its cap is gone: None
+            growth = [
+                _mb(status_kb(c, "VmHWM")) - _mb(status_kb(c, "VmRSS"))
+                for c in process_tree(orchestrator_pid)[1:]
+            ]
+            seen["child_peak_mb"] = round(max(growth), 1) if growth else None
         attack.bombs["orchestrator_rss_after_mb"] = _mb(status_kb(orchestrator_pid, "VmRSS"))
 
 

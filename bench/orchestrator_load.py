@@ -23,9 +23,15 @@ What one level of the sweep does, for N nodes:
    window if it started inside it.
 
 After the sweep, the goal's node count runs once more beside the hostile mix
-(bench/orchestrator_hostile.py: 1,000 sybil registrations at an even rate
-through the window, 50 slow-loris connections), and the honest nodes' p99 and
-errors are reported beside the clean level's (`hostile`).
+(bench/orchestrator_hostile.py: 1,000 sybil registrations from one address
+range at an even rate through the window, 50 slow-loris connections, 20
+connections declaring 10^12-byte bodies, rollout bombs uploaded and opened in
+the dashboard's viewer, a newcomer from another range), and the honest nodes'
+p99 and errors are reported beside the clean level's (`hostile`), with the
+bombs' refusals and decoding peaks in the orchestrator and, after the level,
+in a validator's reader (bench/rollout_bombs.py). The hostile level is `met`
+when the honest p99 is under 50 ms with no errors, the newcomer got work and
+every bomb was refused by both.
 
 Latency is measured client-side, from just before the request is handed to
 aiohttp until its body is read: it includes queueing in the orchestrator's
@@ -414,8 +420,10 @@ def sweep(
             and (validator is None or validator["all_refused"]),
             "newcomer_admitted": attacked["attack"]["newcomer"].get("admitted"),
             "bombs_refused_by_viewer": sum(1 for b in views if b.get("refused")),
+            "bombs": len(views),
             "viewer_child_peak_max_mb": max(
-                (b.get("child_peak_mb", 0) for b in views), default=None
+                (b["child_peak_mb"] for b in views if b.get("child_peak_mb") is not None),
+                default=None,
             ),
             "viewer_cap_mb": viewer_cap_mb(),
             "validator": validator,
