@@ -120,46 +120,59 @@ async def sybil_flood(
     await asyncio.gather(*(one(i, k) for i, k in enumerate(keys)))
 
 
+async def _drip(
+    host: str, port: int, head: bytes, drip: bytes, every_s: float, end: float,
+    source: str | None,
+) -> tuple[str | None, float] | None:  # fmt: skip
+    """One connection: `head`, then `drip` every `every_s` until the server hangs up or
+    `end`. (the status it said before hanging up, or None if it was still open at
+    `end`; seconds held), or None when it could not connect."""
+    t0 = time.monotonic()
+    try:
+        reader, writer = await asyncio.open_connection(
+            host, port, local_addr=(source, 0) if source else None
+        )
+    except OSError:
+        return None
+    eof = asyncio.ensure_future(reader.read())  # done when the server hangs up
+    status = None
+    try:
+        writer.write(head)
+        await writer.drain()
+        while time.monotonic() < end:
+            done, _ = await asyncio.wait({eof}, timeout=every_s)
+            if done:
+                status = status_of(eof)
+                break
+            writer.write(drip)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        status = "none"
+    finally:
+        eof.cancel()
+        writer.close()
+    return status, time.monotonic() - t0
+
+
 async def slow_loris(
     host: str, port: int, n: int, drip_s: float, end: float, attack: Attack,
     source: str | None = None,
 ) -> None:  # fmt: skip
     """`n` connections dripping a request head until `end`, each reopened when closed
     (from the loopback address `source`, if given)."""
+    head = b"POST /v1/nodes/heartbeat HTTP/1.1\r\nHost: orchestrator\r\n"
 
     async def one() -> None:
         while time.monotonic() < end:
-            t0 = time.monotonic()
-            try:
-                reader, writer = await asyncio.open_connection(
-                    host, port, local_addr=(source, 0) if source else None
-                )
-            except OSError:
+            got = await _drip(host, port, head, b"X", drip_s, end, source)
+            if got is None:
                 attack.loris_connect_errors += 1
                 await asyncio.sleep(drip_s)
-                continue
-            eof = asyncio.ensure_future(reader.read())  # done when the server hangs up
-            closed = False
-            try:
-                writer.write(b"POST /v1/nodes/heartbeat HTTP/1.1\r\nHost: orchestrator\r\n")
-                await writer.drain()
-                while time.monotonic() < end:
-                    done, _ = await asyncio.wait({eof}, timeout=drip_s)
-                    if done:
-                        closed = True
-                        attack.loris_answers[status_of(eof)] += 1
-                        break
-                    writer.write(b"X")
-                    await writer.drain()
-            except (ConnectionError, OSError):
-                closed = True
-            finally:
-                eof.cancel()
-                writer.close()
-            if closed:
-                attack.loris_held.append(time.monotonic() - t0)
-            else:
+            elif got[0] is None:
                 attack.loris_open_at_end += 1
+            else:
+                attack.loris_answers[got[0]] += 1
+                attack.loris_held.append(got[1])
 
     await asyncio.gather(*(one() for _ in range(n)))
 
@@ -179,37 +192,15 @@ async def long_declared(
 
     async def one(head: bytes) -> None:
         while time.monotonic() < end:
-            t0 = time.monotonic()
-            try:
-                reader, writer = await asyncio.open_connection(
-                    host, port, local_addr=(source, 0) if source else None
-                )
-            except OSError:
+            got = await _drip(host, port, head, b"{ ", 0.5, end, source)
+            if got is None:
                 await asyncio.sleep(1.0)
-                continue
-            eof = asyncio.ensure_future(reader.read())
-            closed = False
-            try:
-                writer.write(head)
-                await writer.drain()
-                while time.monotonic() < end:
-                    done, _ = await asyncio.wait({eof}, timeout=0.5)
-                    if done:
-                        closed = True
-                        attack.long_answers[status_of(eof)] += 1
-                        break
-                    writer.write(b"{ ")
-                    await writer.drain()
-            except (ConnectionError, OSError):
-                closed = True
-            finally:
-                eof.cancel()
-                writer.close()
-            if closed:
-                attack.long_held.append(time.monotonic() - t0)
-                await asyncio.sleep(0.5)
-            else:
+            elif got[0] is None:
                 attack.long_open_at_end += 1
+            else:
+                attack.long_answers[got[0]] += 1
+                attack.long_held.append(got[1])
+                await asyncio.sleep(0.5)
 
     await asyncio.gather(*(one(heads[i % 2]) for i in range(n)))
 
