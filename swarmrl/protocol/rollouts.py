@@ -11,8 +11,9 @@ model span: every row gets a mask of ones, so the readers have one code path.
 The schema (docs/reference/formats.md) is checked exactly on read: a file with
 a missing, extra or mistyped column, a list longer than the configured limits,
 a group that is not whole, or a non-finite number is rejected with a reason
-(`RolloutFileError`). Reading never trusts the file: parquet decoding errors
-are turned into the same error, so a hostile file cannot crash the reader.
+(`RolloutFileError`). Reading never trusts the file: parquet decoding errors,
+invalid UTF-8 and nulls (in a column or inside a list) are turned into the same
+error, so a hostile file cannot crash the reader.
 
 What a file may cost to read is bounded before it is turned into Python objects.
 A few kilobytes of parquet can decode to gigabytes: one long value in a
@@ -79,7 +80,7 @@ MAX_FIELD_BYTES = 16 * 1024 * 1024  # one string or binary value
 TEXT_BYTES_PER_TOKEN = 64  # the budget's allowance for prompt and completion text
 PROOF_BYTES_PER_TOKEN = 32  # ...for proofs (TOPLOC: 258 bytes per 32 tokens)
 ROW_BYTES = 4096  # ...for the short strings, the numbers and the offsets of a row
-DECODE_SLACK = 64 * 1024 * 1024  # the decoding child's memory beyond twice the budget
+DECODE_SLACK = 64 * 1024 * 1024  # the decoding child's memory beyond four times the budget
 DECODE_TIMEOUT_S = 120.0
 TEXT_COLUMNS = ("problem_id", "node", "task_type", "prompt", "completion", "proofs")
 LIST_COLUMNS = ("prompt_tokens", "completion_tokens", "completion_logprobs", "completion_mask")
@@ -126,9 +127,10 @@ def decoded_budget(limits: Limits) -> int:
 
 def decode_memory(max_decoded: int) -> int:
     """The address space the decoding child may add for a file of at most `max_decoded`
-    decoded bytes: the columns, one copy of them while the text is expanded and written
-    back, and DECODE_SLACK for pages and buffers."""
-    return 2 * max_decoded + DECODE_SLACK
+    decoded bytes: the columns as read, their text expanded, the Arrow IPC answer and
+    builders' growth (a file near its budget peaks at about three times its decoded
+    size), and DECODE_SLACK for pages and buffers."""
+    return 4 * max_decoded + DECODE_SLACK
 
 
 def write_rollouts(rows: list[dict]) -> bytes:
@@ -185,11 +187,14 @@ def read_rollouts(
         )  # fmt: skip
     except capped.CappedRefusal as e:
         raise RolloutFileError(str(e)) from None
-    table = pa.ipc.open_stream(pa.py_buffer(answer)).read_all()
-    rows = table.to_pylist()
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(answer)).read_all()
+        rows = table.to_pylist()
+    except Exception as e:  # the child checked the columns; a failure here is still the file's
+        raise RolloutFileError(f"unreadable columns: {type(e).__name__}: {e}") from None
     if file_version(table.schema) == 1:
         for r in rows:
-            r["completion_mask"] = [1] * len(r["completion_tokens"] or ())
+            r["completion_mask"] = [1] * len(r["completion_tokens"])
     _check_rows(rows, limits)
     return rows
 
@@ -247,7 +252,24 @@ def decode_table(data: bytes, limits: Limits, max_decoded: int) -> pa.Table:
     _check_lengths(table, limits)
     _check_decoded(table, max_decoded)
     columns = [_expanded(table.column(f.name)) for f in expected]
-    return pa.Table.from_arrays(columns, schema=expected.with_metadata(schema.metadata))
+    table = pa.Table.from_arrays(columns, schema=expected.with_metadata(schema.metadata))
+    _check_values(table)
+    return table
+
+
+def _check_values(table: pa.Table) -> None:
+    """What Arrow holds must turn into the rows the readers expect: valid UTF-8 in the
+    text columns, and no null anywhere (a row's value, or an element of its lists)."""
+    try:
+        table.validate(full=True)
+    except pa.ArrowInvalid as e:
+        raise RolloutFileError(f"invalid column data: {e}") from None
+    for name in table.column_names:
+        column = table.column(name)
+        if column.null_count:
+            raise RolloutFileError(f"column '{name}' holds a null")
+        if pa.types.is_list(column.type) and pc.list_flatten(column).null_count:
+            raise RolloutFileError(f"column '{name}' holds a list with a null in it")
 
 
 def _list_budget(limits: Limits, rows: int) -> dict[str, int]:

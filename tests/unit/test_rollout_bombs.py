@@ -176,3 +176,41 @@ def test_the_dashboard_viewer_refuses_each_bomb(files, tmp_path):
         assert r.status_code == 200, (name, r.text)
         assert "does not read as rollouts" in r.json()["gone"] and r.json()["samples"] == []
         assert capped.shared().last_peak_bytes <= decode_memory(decoded_budget(LIMITS))
+
+
+def _with_column(name: str, values: list) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from swarmrl.protocol.rollouts import SCHEMA, VERSION_KEY
+
+    schema = SCHEMA.with_metadata({VERSION_KEY: b"2"})
+    table = pa.Table.from_pylist([bombs.honest_row() for _ in range(8)], schema=schema)
+    kind = schema.field(name).type
+    if values and isinstance(values[0], bytes):
+        column = pa.array(values, pa.binary()).view(kind)  # bytes that claim to be text
+    else:
+        column = pa.array(values, kind)
+    table = table.set_column(table.schema.get_field_index(name), schema.field(name), column)
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "reason"),
+    [
+        ("completion", [b"\xff\xfe"] * 8, "invalid column data"),
+        ("completion_logprobs", [[-0.5, None]] * 8, "a list with a null"),
+        ("completion_tokens", [[4, None]] * 8, "a list with a null"),
+        ("prompt", [None] * 8, "holds a null"),
+    ],
+)
+def test_invalid_text_and_nulls_are_refused_not_raised(name, values, reason):
+    """Bytes that are not UTF-8 in a text column, or a null in a list, used to pass the
+    checks and raise UnicodeDecodeError or TypeError in the reader."""
+    data = _with_column(name, values)
+    with pytest.raises(RolloutFileError, match=reason):
+        read_rollouts(data, LIMITS)
