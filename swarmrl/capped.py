@@ -14,22 +14,27 @@ kept. Each request names a function by `module:name`, which the child imports an
 calls as `function(data, params)`; it returns the answer's bytes (any object with
 the buffer protocol) or raises `ValueError` with the reason the input is refused.
 Before each call the child sets its soft RLIMIT_AS to its current size plus the
-request's `memory_bytes`, so the cap is the same whatever earlier requests left
-behind, and lifts it after. Arrow allocates from the system allocator there, with
-a fixed mmap threshold and one malloc arena, so that freed buffers leave the
-address space and the count stays close to what is in use.
+request's `memory_bytes` (at most its hard limit), so the cap is the same whatever
+earlier requests left behind, and restores the soft limit to the hard one after.
+Arrow allocates from the system allocator there, with a fixed mmap threshold and
+one malloc arena, so that freed buffers leave the address space and the count
+stays close to what is in use.
 
 A refusal (`CappedRefusal`) is the function's own reason, or: an allocation over
-the cap, `timeout_s` passed (the child is killed), or the child died. The last
-three are tried once more in a fresh child before they stand, so that no answer
-depends on what an earlier request did. Each answer carries the child's peak
-resident memory during the call (`Capped.last_peak_bytes`), which the tests and
-benchmarks compare with the cap.
+the cap, an error the function raised, `timeout_s` passed (the child is killed), or
+the child died. When the child had served earlier requests, the last four are
+tried once more in a fresh child before they stand, so that no answer depends on
+what an earlier request did. Each answer carries the child's peak resident memory
+during the call (`Capped.last_peak_bytes`), which the tests and benchmarks compare
+with the cap.
 
-Limits: Linux only (the cap is RLIMIT_AS; the peak is read from /proc). Where the
-cap cannot be set the child refuses every request, saying why: fail closed. The
-child runs trusted code (ours and pyarrow's) on untrusted bytes; it is not a
-sandbox against code execution.
+What is not the input's fault is not a refusal: a target that cannot be imported,
+or a cap that cannot be set (not Linux: the cap is RLIMIT_AS and the sizes are
+read from /proc), raises `CappedUnavailable`. Nothing is decoded then, so it fails
+closed, and a caller that would blame the sender for a refusal (the trainer, the
+validator) does not blame an honest one for this machine's fault. The child runs
+trusted code (ours and pyarrow's) on untrusted bytes; it is not a sandbox against
+code execution.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ import time
 
 REQUEST = struct.Struct(">QQ")  # header length, data length
 ANSWER = struct.Struct(">cQQQ")  # status, payload length, resident bytes before, peak during
-OK, REFUSED, MEMORY, ERROR = b"o", b"r", b"m", b"e"
+OK, REFUSED, MEMORY, ERROR, UNAVAILABLE = b"o", b"r", b"m", b"e", b"u"
 CHILD_ENV = {
     "ARROW_DEFAULT_MEMORY_POOL": "system",
     "MALLOC_ARENA_MAX": "1",
@@ -60,6 +65,11 @@ MAX_HEADER_BYTES = 1 << 20
 
 class CappedRefusal(ValueError):
     """Input the capped function refused, or that it could not decode within its cap."""
+
+
+class CappedUnavailable(RuntimeError):
+    """The capped child cannot run the request at all (no cap on this system, or the
+    target does not import): this machine's fault, not the input's."""
 
 
 class Capped:
@@ -77,17 +87,24 @@ class Capped:
         its answer, or CappedRefusal with the reason."""
         header = json.dumps({"target": target, "params": params, "memory": memory_bytes})
         with self._lock:
-            fresh = self._child is None or self._child.poll() is not None
-            status, payload = self._once(header.encode(), data, memory_bytes, timeout_s)
-            if status in (MEMORY, ERROR, None) and not fresh:
-                # not the function's own reason: the same request again in a fresh child
-                self._stop()
+            try:
+                fresh = self._child is None or self._child.poll() is not None
                 status, payload = self._once(header.encode(), data, memory_bytes, timeout_s)
-            if status in (MEMORY, ERROR, None):
-                self._stop()  # a child that hit its cap or failed is not reused
+                if status in (MEMORY, ERROR, None) and not fresh:
+                    # not the function's own reason: the same request again in a fresh child
+                    self._stop()
+                    status, payload = self._once(header.encode(), data, memory_bytes, timeout_s)
+                if status in (MEMORY, ERROR, UNAVAILABLE, None):
+                    self._stop()  # a child that hit its cap or failed is not reused
+            except BaseException:
+                self._stop()  # interrupted mid-request: the pipe's framing is lost
+                raise
         if status == OK:
             return payload
-        raise CappedRefusal(payload.decode("utf-8", "replace"))
+        reason = payload.decode("utf-8", "replace")
+        if status == UNAVAILABLE:
+            raise CappedUnavailable(reason)
+        raise CappedRefusal(reason)
 
     def _once(
         self, header: bytes, data: bytes, memory_bytes: int, timeout_s: float
@@ -96,11 +113,13 @@ class Capped:
         died or ran out of time."""
         child = self._start()
         deadline = time.monotonic() + timeout_s
+        # written from a thread, so that a child that stops reading cannot hold the
+        # caller past its deadline: killing the child ends the write
+        writer = threading.Thread(
+            target=_write, args=(child.stdin, REQUEST.pack(len(header), len(data)), header, data)
+        )
+        writer.start()
         try:
-            child.stdin.write(REQUEST.pack(len(header), len(data)))
-            child.stdin.write(header)
-            child.stdin.write(data)
-            child.stdin.flush()
             head = _read(child.stdout, ANSWER.size, deadline)
             status, size, before, peak = ANSWER.unpack(head)
             if size > memory_bytes + MAX_HEADER_BYTES:
@@ -113,6 +132,8 @@ class Capped:
         except (OSError, EOFError, struct.error):
             code = self._stop()
             return None, f"the decoder died ({_exit_text(code)})".encode()
+        finally:
+            writer.join()
         self.last_peak_bytes = max(0, peak - before)
         if status == MEMORY:
             return MEMORY, (
@@ -148,6 +169,15 @@ class Capped:
     def close(self) -> None:
         with self._lock:
             self._stop()
+
+
+def _write(stream, *parts: bytes) -> None:
+    try:
+        for part in parts:
+            stream.write(part)
+        stream.flush()
+    except (OSError, ValueError):
+        pass  # the child died or was stopped: the reader says which
 
 
 def _read(stream, n: int, deadline: float) -> bytes:
@@ -195,7 +225,11 @@ def _address_space() -> int:
 def _resident() -> tuple[int, int]:
     """(resident now, peak resident) of this process, in bytes."""
     now = peak = 0
-    for line in open("/proc/self/status"):
+    try:
+        lines = open("/proc/self/status").readlines()
+    except OSError:
+        return 0, 0  # no /proc: no figures (and no cap: requests are unavailable)
+    for line in lines:
         if line.startswith("VmRSS:"):
             now = int(line.split()[1]) * 1024
         elif line.startswith("VmHWM:"):
@@ -211,14 +245,21 @@ def _reset_peak() -> None:
         pass  # an older kernel: the peak is then the child's lifetime peak
 
 
-def _serve(stdin, stdout) -> None:
-    import resource
+class _Unavailable(Exception):
+    """The child could not import the target or set its cap."""
 
+
+def _serve(stdin, stdout) -> None:
     import pyarrow as pa
 
+    try:
+        import resource  # not on Windows: every request is then unavailable
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    except ImportError:
+        resource = hard = None
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
     while True:
         head = stdin.read(REQUEST.size)
         if len(head) < REQUEST.size:
@@ -228,18 +269,25 @@ def _serve(stdin, stdout) -> None:
         data = stdin.read(n_data)
         before = peak = 0
         try:
-            module, name = header["target"].split(":")
-            fn = getattr(importlib.import_module(module), name)
-            _reset_peak()
-            before, _ = _resident()
-            cap = _address_space() + int(header["memory"])
-            if hard != resource.RLIM_INFINITY and cap > hard:
-                raise RuntimeError("the memory cap is above this process's hard limit")
-            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+            try:
+                module, name = header["target"].split(":")
+                fn = getattr(importlib.import_module(module), name)
+                if resource is None:
+                    raise OSError("no RLIMIT_AS on this system")
+                _reset_peak()
+                before, _ = _resident()
+                cap = _address_space() + int(header["memory"])
+                if hard != resource.RLIM_INFINITY:
+                    cap = min(cap, hard)
+                resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+            except Exception as e:
+                raise _Unavailable(f"no capped decoding here: {type(e).__name__}: {e}") from e
             try:
                 status, payload = OK, fn(data, header["params"])
             finally:
                 resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+        except _Unavailable as e:
+            status, payload = UNAVAILABLE, str(e).encode("utf-8", "replace")
         except MemoryError:
             status, payload = MEMORY, b""
         except ValueError as e:

@@ -19,6 +19,7 @@ No answer carries a URL signature, a key other than a public key, or the token.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -26,11 +27,12 @@ from pathlib import Path
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 
+from swarmrl.capped import CappedUnavailable
 from swarmrl.orchestrator import work
 from swarmrl.orchestrator.admission import measured_pace
 from swarmrl.orchestrator.auth import require_operator
 from swarmrl.orchestrator.objects import ObjectError
-from swarmrl.orchestrator.service import ApiError, Service, stored_object
+from swarmrl.orchestrator.service import ApiError, Recent, Service, stored_object
 from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts
 
 STATIC = Path(__file__).parent / "static"
@@ -56,6 +58,7 @@ ROLLOUT_FILE_BYTES = 32 << 20  # the viewer reads files up to this size...
 ROLLOUT_DECODED_BYTES = 128 << 20  # ...that decode to at most this much (and the run's budget)
 TEXT_CHARS = 20_000  # a prompt or completion shown is cut to this many characters
 _viewers = threading.BoundedSemaphore(2)  # rollout files decoded at once
+_refused = Recent(256)  # a file's sha256 -> why it does not read: a bomb is decoded once
 
 
 def ask_servers(svc: Service) -> None:
@@ -330,12 +333,18 @@ def rollout_view(svc: Service, key: str) -> dict:
         if data is None:
             return {**head, "samples": [], "gone": "the file was deleted from the object store "
                     "(trained or rejected, and past orchestrator.keep_trained_steps; or stale)"}  # fmt: skip
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in _refused:
+            return {**head, "samples": [], "gone": _refused[digest]}
         try:
             # the run's sizes bound the decoding; whole groups are the validator's business
             limits = dataclasses.replace(Limits.of_run(svc.cfg), group_size=None)
             rows = read_rollouts(data, limits, ROLLOUT_DECODED_BYTES)
         except RolloutFileError as e:  # a rejected file may be malformed: say so, show nothing
-            return {**head, "samples": [], "gone": f"the file does not read as rollouts: {e}"}
+            _refused[digest] = f"the file does not read as rollouts: {e}"
+            return {**head, "samples": [], "gone": _refused[digest]}
+        except CappedUnavailable as e:
+            raise ApiError(503, f"rollout files cannot be decoded on this machine: {e}") from None
         samples = [
             {**{f: r[f] for f in SAMPLE_FIELDS}, "index": i,
              "prompt": r["prompt"][:TEXT_CHARS], "completion": r["completion"][:TEXT_CHARS],

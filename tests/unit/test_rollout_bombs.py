@@ -162,7 +162,13 @@ def test_the_trainer_refuses_each_bomb_and_goes_on(files):
     assert set(q.rejected) == set(keys.values())
 
 
-def test_the_dashboard_viewer_refuses_each_bomb(files, tmp_path):
+def test_the_dashboard_viewer_refuses_each_bomb(files, tmp_path, monkeypatch):
+    from swarmrl.orchestrator import dashboard
+
+    decoded = []
+    monkeypatch.setattr(
+        dashboard, "read_rollouts", lambda *a: decoded.append(1) or read_rollouts(*a)
+    )
     o = Orch(tmp_path, "orchestrator.public_rollouts=true", "sampling.max_prompt_tokens=256",
              "sampling.max_new_tokens=512", "worker.group_size=8", "worker.groups_per_file=8",
              "worker.max_pending_groups=1000")  # fmt: skip
@@ -176,6 +182,9 @@ def test_the_dashboard_viewer_refuses_each_bomb(files, tmp_path):
         assert r.status_code == 200, (name, r.text)
         assert "does not read as rollouts" in r.json()["gone"] and r.json()["samples"] == []
         assert capped.shared().last_peak_bytes <= decode_memory(decoded_budget(LIMITS))
+        again = o.http.get("/v1/dashboard/files/" + g["key"]).json()
+        assert again["gone"] == r.json()["gone"]  # the refusal is remembered...
+    assert len(decoded) == len(files)  # ...and no bomb was decoded twice
 
 
 def _with_column(name: str, values: list) -> bytes:
