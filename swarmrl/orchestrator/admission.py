@@ -156,6 +156,7 @@ def _take_from_faucet(svc: Service, cur, now: float, net: str) -> None:
     o = svc.cfg.orchestrator
     if o.faucet_burst == 0:
         raise ApiError(403, "this run admits new workers by invitation only")
+    svc.db.serialize(cur, "faucet")  # its level is read, then written
     meta = dict(
         cur.execute("SELECT k, v FROM meta WHERE k IN ('faucet', 'faucet_time')").fetchall()
     )
@@ -489,6 +490,7 @@ def range_room(svc: Service, cur, node: str, oldest_policy: int, groups: int) ->
     cfg = svc.cfg
     if cfg.orchestrator.range_share >= 1.0:
         return True
+    svc.db.serialize(cur, "probation")  # held to the assignment's commit: one count at a time
     row = cur.execute("SELECT net FROM nodes WHERE key = ?", (node,)).fetchone()
     share = max(
         cfg.worker.groups_per_file,

@@ -32,6 +32,7 @@ measured no better because the orchestrator's own CPU was then the limit.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -153,6 +154,11 @@ class Database:
     def close(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def serialize(self, cur: Cursor, name: str) -> None:
+        """Hold the lock `name` until `cur`'s transaction ends, so that transactions
+        that read a count and act on it (a faucet, a share of a pool) take turns. No-op
+        on SQLite, whose transactions take turns already (one writer, BEGIN IMMEDIATE)."""
+
     def _columns(self, cur: Cursor, table: str) -> set[str]:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -262,6 +268,12 @@ class PostgresDatabase(Database):
                     self.conns.remove(conn)
             else:
                 self.idle.put(conn)
+
+    def serialize(self, cur: Cursor, name: str) -> None:
+        # READ COMMITTED lets two transactions read the same count; an advisory lock
+        # scoped to the transaction makes the second wait for the first's commit
+        number = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        cur.execute("SELECT pg_advisory_xact_lock(?)", (number,))
 
     @contextmanager
     def tx(self) -> Iterator[Cursor]:

@@ -85,6 +85,7 @@ def check_registration(svc: Service, cur, key: str, places: list[str], net: str)
                 403,
                 f"{what} was delisted after reports; it may register again in {row[0] - now:.0f} s",
             )
+    svc.db.serialize(cur, "relays")  # counted, then inserted: one registration at a time
     marks = ", ".join("?" for _ in LIVE)
     live = f"role = 'relay' AND state IN ({marks}) AND key != ?"
     total = cur.execute(f"SELECT COUNT(*) FROM nodes WHERE {live}", (*LIVE, key)).fetchone()[0]

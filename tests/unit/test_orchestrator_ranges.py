@@ -11,6 +11,7 @@ import pytest
 
 from swarmrl.orchestrator import admission
 from swarmrl.orchestrator.ranges import address_range
+from swarmrl.orchestrator.service import ApiError
 from swarmrl.protocol import work_proof
 from swarmrl.protocol.verdict import Verdict
 from tests.unit.orch_util import HW, Orch, pubhex
@@ -184,3 +185,33 @@ def test_a_database_from_before_gains_the_new_columns(tmp_path):
         assert db.one("SELECT COUNT(*) FROM relay_reports") == [(0,)]
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("role", ["worker", "relay"])
+def test_concurrent_registrations_take_no_more_than_the_share(orch, role):
+    """Sixteen registrations at once from one range (on PostgreSQL, side by side on a
+    pool of connections): the range shares of the faucet (4 of 8) and of the relays (3 of 6) hold
+    exactly, as they do one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from swarmrl.orchestrator import nodes
+    from swarmrl.orchestrator.auth import Caller
+
+    o = orch("orchestrator.faucet_burst=8", "orchestrator.faucet_per_hour=1",
+             "orchestrator.range_share=0.5", "orchestrator.max_relays=6")  # fmt: skip
+    keys = [pubhex(o.worker(f"s{i}")) for i in range(16)]
+
+    def register(i: int) -> int:
+        caller = Caller(keys[i], f"nonce-{i:016d}", False, True, SYBILS)
+        url = f"http://relay{i}.example:8000"
+        try:
+            nodes.register(o.svc, caller, role, HW if role == "worker" else {}, url,
+                           places=[f"relay{i}.example:8000"])  # fmt: skip
+        except ApiError as e:
+            assert e.status == 429, e.detail
+            return 0
+        return 1
+
+    with ThreadPoolExecutor(16) as pool:
+        admitted = sum(pool.map(register, range(16)))
+    assert admitted == (4 if role == "worker" else 3)
