@@ -280,6 +280,7 @@ def _node_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
         if body.role == "relay" and not body.url:
             raise ApiError(422, "a relay must send its URL")
         hw = body.hardware.model_dump() if body.hardware else {}
+        url = body.url.rstrip("/")  # one spelling per relay URL, as reports are read
 
         def checked_register():  # the nonce is recorded with the registration (auth.py)
             places: list[str] = []
@@ -288,11 +289,9 @@ def _node_routes(app: FastAPI, svc: Service, signed: Signed) -> None:
                     "SELECT 1 FROM nonces WHERE key = ? AND nonce = ?", (caller.key, caller.nonce)
                 ):
                     raise ApiError(401, "nonce already used")  # a replay resolves nothing
-                addresses = relays.check(body.url, svc.cfg.orchestrator.relay_networks)
-                places = relaystanding.endpoints(body.url, addresses)
-            return nodes.register(
-                svc, caller, body.role, hw, body.url, body.work, body.invite, places
-            )
+                addresses = relays.check(url, svc.cfg.orchestrator.relay_networks)
+                places = relaystanding.endpoints(url, addresses)
+            return nodes.register(svc, caller, body.role, hw, url, body.work, body.invite, places)
 
         return await call(caller, checked_register)
 

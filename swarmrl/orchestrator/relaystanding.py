@@ -1,7 +1,8 @@
 """A relay's standing: the reports against it, delisting, and what it takes to return.
 
 Workers and validators report a relay that served them bad bytes or nothing
-(`POST /v1/relays/report`, shardcast/client.py). A report names a URL, but it
+(`POST /v1/relays/report`, shardcast/client.py). A relay's URL is kept without a
+trailing slash, and a report's is read the same way. A report names a URL, but it
 counts against the key registered with that URL, and delisting holds off both the
 key and the address: a relay cannot shed its reports by registering another URL,
 nor come back under a new key at the same address.
@@ -13,11 +14,13 @@ nor come back under a new key at the same address.
 - **Bounded**: a report counts for `relay_report_s`; a reporter's reports count for
   its REPORTS_PER_REPORTER most recent relays (reporting another drops its oldest).
 - **Delisting**: reports by `relay_reports` distinct reporters within the window
-  delist the relay. Its key goes to state `delisted` (not advertised; its check is
-  dropped; its heartbeats are refused), the reports against it are cleared, and its
-  key and its address (the URL's host and port, and each address the host resolved
-  to when it registered) are held for `relay_hold_s`, doubled for each earlier
-  delisting of the key (at most 2^20 times).
+  delist the relay, and with it every other live relay key registered at one of its
+  endpoints (the same server under other keys). A delisted key goes to state
+  `delisted` (not advertised; its heartbeats are refused; its URL's check is dropped
+  once no live key has that URL), the reports against it are cleared, and the key
+  and its hosts (the URL's host and each address it resolved to when it registered,
+  without the port; an IPv6 address as its /64) are held for `relay_hold_s`, doubled
+  for each earlier delisting of the key (at most 2^20 times).
 - **Returning**: a held key or address is refused at registration (403, saying until
   when). After its hold the key registers as a new key does: its proof of work is
   checked again (a proof is bound to the key and the run, so the same one passes:
@@ -25,7 +28,9 @@ nor come back under a new key at the same address.
   advertised only once its relay check passes (relaycheck.py).
 - **How many**: at most `max_relays` live relays, and `range_share` of them from
   one address range (ranges.py); one more is refused (429) until one dies or is
-  delisted. A relay dead for RELAY_FORGET_S is forgotten (its row, holds and
+  delisted. A relay counts while it is advertised, or for its first
+  `relay_check_s` x (`relay_check_failures` + 1) after registering: a URL that never
+  verifies does not hold a place. A relay dead for RELAY_FORGET_S is forgotten (its row, holds and
   reports): it would register again as a new key.
 
 What this does not stop: two colluding reporters with an accepted file each can
@@ -59,6 +64,20 @@ def endpoints(url: str, addresses=()) -> list[str]:
     return sorted(f"{n}:{port}" for n in names if n)
 
 
+def held_hosts(places) -> list[str]:
+    """What a delisting holds of a relay's endpoints: each host without its port (a
+    server answers on every port it likes), an IPv6 address as its /64 (one machine
+    holds that many)."""
+    hosts = set()
+    for place in places:
+        host = place.rsplit(":", 1)[0]
+        if host.startswith("["):
+            net = ipaddress.ip_network(host.strip("[]") + "/64", strict=False)
+            host = str(net)
+        hosts.add(host)
+    return sorted(hosts)
+
+
 def _host(host: str) -> str:
     host = host.lower().rstrip(".")
     try:
@@ -73,7 +92,7 @@ def check_registration(svc: Service, cur, key: str, places: list[str], net: str)
     delisting; 429 if the run holds its most live relays, in all or from `net`."""
     o = svc.cfg.orchestrator
     now = svc.clock()
-    held = [("key", key)] + [("address", p) for p in places]
+    held = [("key", key)] + [("address", h) for h in held_hosts(places)]
     for kind, name in held:
         row = cur.execute(
             "SELECT until FROM relay_holds WHERE kind = ? AND name = ? AND until > ?",
@@ -87,14 +106,22 @@ def check_registration(svc: Service, cur, key: str, places: list[str], net: str)
             )
     svc.db.serialize(cur, "relays")  # counted, then inserted: one registration at a time
     marks = ", ".join("?" for _ in LIVE)
-    live = f"role = 'relay' AND state IN ({marks}) AND key != ?"
-    total = cur.execute(f"SELECT COUNT(*) FROM nodes WHERE {live}", (*LIVE, key)).fetchone()[0]
+    # a relay counts while advertised, or while its first checks may still pass: one
+    # whose URL never verified does not keep an honest relay out
+    grace = now - o.relay_check_s * (o.relay_check_failures + 1)
+    live = (
+        f"role = 'relay' AND state IN ({marks}) AND key != ? AND (registered > ?"
+        " OR url IN (SELECT url FROM relay_checks WHERE listed = 1))"
+    )
+    total = cur.execute(f"SELECT COUNT(*) FROM nodes WHERE {live}", (*LIVE, key, grace)).fetchone()[
+        0
+    ]
     if total >= o.max_relays:
         raise ApiError(429, f"the run holds its most relays ({o.max_relays})", retry_after_s=60.0)
     if o.range_share < 1.0:
         share = max(1, math.floor(o.range_share * o.max_relays))
         mine = cur.execute(
-            f"SELECT COUNT(*) FROM nodes WHERE {live} AND net = ?", (*LIVE, key, net)
+            f"SELECT COUNT(*) FROM nodes WHERE {live} AND net = ?", (*LIVE, key, grace, net)
         ).fetchone()[0]
         if mine >= share:
             raise ApiError(
@@ -122,9 +149,8 @@ def report(svc: Service, reporter: str, url: str, what: str) -> dict:
                 return answer | {"why": "reports count from nodes with an accepted file"}
         marks = ", ".join("?" for _ in LIVE)
         row = cur.execute(
-            f"SELECT key FROM nodes WHERE role = 'relay' AND state IN ({marks})"
-            " AND (url = ? OR url = ?)",
-            (*LIVE, url, url + "/"),
+            f"SELECT key FROM nodes WHERE role = 'relay' AND state IN ({marks}) AND url = ?",
+            (*LIVE, url),
         ).fetchone()
         if row is None:
             return answer | {"why": "no live registered relay has this URL"}
@@ -150,19 +176,40 @@ def report(svc: Service, reporter: str, url: str, what: str) -> dict:
 
 
 def _delist(svc: Service, cur, relay: str, reporters: int, now: float) -> None:
+    """Delist `relay` and every other live relay key serving from one of its endpoints
+    (the same server under other keys), holding each key and their hosts."""
+    places = set(json.loads(_endpoints_of(cur, relay)))
+    marks = ", ".join("?" for _ in LIVE)
+    others = cur.execute(
+        f"SELECT key, endpoints FROM nodes WHERE role = 'relay' AND state IN ({marks})"
+        " AND key != ?",
+        (*LIVE, relay),
+    ).fetchall()
+    keys = [relay] + [k for k, e in others if places & set(json.loads(e or "[]"))]
+    for key in keys:
+        _delist_one(svc, cur, key, f"delisted: reported by {reporters} nodes"
+                    + ("" if key == relay else f" (it shares an endpoint with {relay[:16]})"), now)  # fmt: skip
+
+
+def _endpoints_of(cur, key: str) -> str:
+    row = cur.execute("SELECT endpoints FROM nodes WHERE key = ?", (key,)).fetchone()
+    return (row[0] if row else None) or "[]"
+
+
+def _delist_one(svc: Service, cur, relay: str, why: str, now: float) -> None:
     o = svc.cfg.orchestrator
     row = cur.execute("SELECT times FROM relay_holds WHERE kind = 'key' AND name = ?", (relay,))
     times = (row.fetchone() or (0,))[0] + 1
     until = now + o.relay_hold_s * 2.0 ** min(times - 1, MAX_DOUBLINGS)
-    places = cur.execute("SELECT endpoints FROM nodes WHERE key = ?", (relay,)).fetchone()[0]
-    holds = [("key", relay, times)] + [("address", p, 1) for p in json.loads(places or "[]")]
+    hosts = held_hosts(json.loads(_endpoints_of(cur, relay)))
+    holds = [("key", relay, times)] + [("address", h, 1) for h in hosts]
     for kind, name, n in holds:
         cur.execute(
             "INSERT INTO relay_holds VALUES (?, ?, ?, ?) ON CONFLICT (kind, name) DO UPDATE"
-            " SET until = excluded.until, times = excluded.times",
+            " SET until = CASE WHEN excluded.until > relay_holds.until THEN excluded.until"
+            " ELSE relay_holds.until END, times = excluded.times",
             (kind, name, until, n),
         )
-    why = f"delisted: reported by {reporters} nodes"
     cur.execute("UPDATE nodes SET state = 'delisted', reason = ? WHERE key = ?", (why, relay))
     cur.execute("DELETE FROM relay_reports WHERE relay = ?", (relay,))
     cur.execute(

@@ -62,7 +62,7 @@ def test_a_delisted_relay_does_not_return_under_another_url_or_key(orch):
         # a new key at the same address, by either URL or by a name for it: held
         for url in (first, second, by_name):
             r = _register_relay(o, o.worker("relay2"), url)
-            assert r.status_code == 403 and "the address 127.0.0.1:" in r.json()["detail"]
+            assert r.status_code == 403 and "the address 127.0.0.1 " in r.json()["detail"]
         RelayChecker(o.svc).run_due()
         assert o.http.get("/v1/run/servers").json()["servers"] == []
         # after the hold the key registers as a new key does, and is advertised only once
@@ -130,3 +130,40 @@ def test_the_run_holds_a_bounded_number_of_relays_shared_per_range(tmp_path):
     assert answers == [200, 200, 200, 429]  # the rest; the run is full
     r = _register_relay(o.at("100.64.0.1"), o.worker("c"), "http://198.51.100.99:80")
     assert r.status_code == 429 and "most relays (6)" in r.json()["detail"]
+
+
+def test_a_delisting_holds_the_server_not_one_spelling_of_it(tmp_path):
+    """A URL registered with trailing slashes is reported without them; a second key at
+    the same endpoint goes with the first; the host is held on every port."""
+    o = Orch(tmp_path, "orchestrator.relay_reports=2", "trainer.batch_groups=1000",
+             LOOPBACK)  # fmt: skip
+    o.open_step(1, 0)
+    worker = _accepted_worker(o, "w", b"a file")
+    one, two = o.worker("r1"), o.worker("r2")
+    assert _register_relay(o, one, "http://127.0.0.3:7000//").status_code == 200
+    assert _register_relay(o, two, "http://127.0.0.3:7000/b").status_code == 200
+    assert _register_relay(o, o.worker("r3"), "http://127.0.0.4:7000").status_code == 200
+    for k in (o.validator, worker):
+        answer = o.ok(k, "POST", "/v1/relays/report", {"url": "http://127.0.0.3:7000"})
+        assert answer["counted"], answer
+    states = {k: v["state"] for k, v in o.ledger().items()}
+    assert states[public_key_hex(one)] == states[public_key_hex(two)] == "delisted"
+    assert states[public_key_hex(o.worker("r3"))] == "registered"  # another host
+    r = _register_relay(o, o.worker("r4"), "http://127.0.0.3:7001")  # another port
+    assert r.status_code == 403 and "the address 127.0.0.3 " in r.json()["detail"]
+
+
+def test_a_relay_that_never_verifies_does_not_hold_a_place(tmp_path):
+    """Past its first checks' grace, an unadvertised relay no longer counts toward
+    max_relays: keys that register unreachable URLs cannot keep honest relays out."""
+    o = Orch(tmp_path, "orchestrator.max_relays=2", "orchestrator.relay_check_s=30",
+             "orchestrator.relay_check_failures=3", LOOPBACK)  # fmt: skip
+    for i in range(2):
+        assert (
+            _register_relay(o, o.worker(f"bogus{i}"), f"http://127.0.0.5:{i + 1}").status_code
+            == 200
+        )
+    r = _register_relay(o, o.worker("honest"), "http://127.0.0.6:80")
+    assert r.status_code == 429 and "most relays (2)" in r.json()["detail"]
+    o.clock.t += 30 * 4 + 1  # past relay_check_s x (relay_check_failures + 1)
+    assert _register_relay(o, o.worker("honest"), "http://127.0.0.6:80").status_code == 200
