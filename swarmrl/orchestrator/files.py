@@ -123,11 +123,13 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
             " reason = ? WHERE key = ?",
             (blob, v.check, v.reason[:1000], v.key),
         )
-        # the validator's own failure or doubt (BLAMELESS_CHECKS): refused, no one punished,
-        # but counted: a node refused so far more often than the swarm goes back to probation
+        # the validator's own failure or doubt (BLAMELESS_CHECKS): refused, no one punished.
+        # Doubt is counted: a node whose files are unverifiable far more often than the
+        # swarm's goes back to probation. The validator's own error says nothing of the node.
         if v.check in BLAMELESS_CHECKS:
             ejected = False
-            record_judgement(svc, cur, node, True, svc.clock())
+            if v.check == "unverifiable":
+                record_judgement(svc, cur, node, True, svc.clock())
         else:
             ejected = _eject(svc, cur, node, v)
     _purge_late(svc, v.key, policy)

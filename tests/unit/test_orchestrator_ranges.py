@@ -115,6 +115,26 @@ def test_the_proof_of_work_is_priced_in_seconds_of_one_core(tmp_path):
     assert o.call(w, "POST", "/v1/nodes/register", body).status_code == 200
 
 
+def test_judged_counts_fade_so_the_rates_are_recent_ones(tmp_path):
+    o = Orch(tmp_path)
+    node = "ab" * 32
+    with o.svc.db.tx() as cur:
+        for _ in range(admission.JUDGED_WINDOW - 1):
+            admission.record_judgement(o.svc, cur, node, False, 0.0)
+        admission.record_judgement(o.svc, cur, node, True, 0.0)
+    judged, blameless = o.svc.db.one("SELECT judged, blameless FROM standing")[0]
+    assert (judged, blameless) == (admission.JUDGED_WINDOW // 2, 0)  # 1 // 2
+    swarm = dict(o.svc.db.one("SELECT name, value FROM counters WHERE name LIKE '%_files'"))
+    assert swarm == {"judged_files": admission.JUDGED_WINDOW, "blameless_files": 1}
+    with o.svc.db.tx() as cur:
+        cur.execute("UPDATE counters SET value = ? WHERE name = 'judged_files'",
+                    (admission.SWARM_WINDOW - 1,))  # fmt: skip
+        cur.execute("UPDATE counters SET value = 301 WHERE name = 'blameless_files'")
+        admission.record_judgement(o.svc, cur, node, True, 0.0)
+    swarm = dict(o.svc.db.one("SELECT name, value FROM counters WHERE name LIKE '%_files'"))
+    assert swarm == {"judged_files": admission.SWARM_WINDOW // 2, "blameless_files": 151}
+
+
 def test_blameless_refusals_far_above_the_swarms_send_a_node_back_to_probation(tmp_path):
     o = Orch(tmp_path, "orchestrator.probation_files=1", "trainer.batch_groups=1000",
              "orchestrator.blameless_min=3", "orchestrator.blameless_factor=4")  # fmt: skip
@@ -122,17 +142,19 @@ def test_blameless_refusals_far_above_the_swarms_send_a_node_back_to_probation(t
     honest, forger = o.worker("honest"), o.worker("forger")
     o.register(honest), o.register(forger)
 
-    def file(key, payload: bytes, accepted: bool = True) -> dict:
+    def file(key, payload: bytes, accepted: bool = True, check: str = "unverifiable") -> dict:
         a = o.assignment(key, 0)
         assert a["assignment"] is not None, a["wait"]
         o.upload(key, a["assignment"]["counter"], payload)
         f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 0})["file"]
-        check = "" if accepted else "unverifiable"
+        check = "" if accepted else check
         return o.ok(o.validator, "POST", "/v1/validation/verdict", _verdict(o, f, accepted, check))
 
     for i in range(40):  # the swarm's files: all accepted
         file(honest, b"honest %d" % i)
     file(forger, b"forger 0")  # proven
+    for i in range(5):  # the validator's own errors say nothing of the node
+        file(forger, b"validator error %d" % i, accepted=False, check="error")
     with o.svc.db.tx() as cur:
         assert not admission.on_probation(o.svc, cur, pubhex(forger))
     for i in range(3):  # three blameless refusals in four files: far above the swarm's 0
