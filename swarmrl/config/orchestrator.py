@@ -182,10 +182,11 @@ class OrchestratorConfig(Section):
         4.0,
         ge=1.0,
         le=1e6,
-        description="A worker whose files are refused without blame (unverifiable, the "
-        "validator's error, refused by the trainer) this many times more often than the "
-        "swarm's files (at least blameless_min of them) goes back to probation and waits, "
-        "as after an expired assignment.",
+        description="A worker whose files are refused without blame (unverifiable, or "
+        "refused by the trainer; not the validator's own error) this many times more often "
+        "than the swarm's files (at least blameless_min of them; recent counts: they halve "
+        "at 100 files a node, 10,000 the swarm) goes back to probation and waits, as after "
+        "an expired assignment.",
     )
     blameless_min: int = Field(
         3,
@@ -303,8 +304,9 @@ class OrchestratorConfig(Section):
         ge=1,
         le=1000,
         description="Distinct reporters (validators, or workers with an accepted file) of a "
-        "relay's key within relay_report_s after which the relay is delisted: its key and "
-        "address are held off the list for relay_hold_s.",
+        "relay's key within relay_report_s after which the relay is delisted, with every "
+        "key registered at one of its endpoints: their keys and hosts are held off the list "
+        "for relay_hold_s.",
     )
     relay_report_s: float = Field(
         3600.0,
@@ -317,7 +319,7 @@ class OrchestratorConfig(Section):
         3600.0,
         gt=0.0,
         le=1e8,
-        description="How long a delisted relay's key and address may not register again "
+        description="How long a delisted relay's key and host (any port; IPv6 its /64) may not register again "
         "(doubling with each further delisting of the key); then the key registers as a "
         "new one would, and is advertised only once its check passes.",
     )
@@ -326,7 +328,9 @@ class OrchestratorConfig(Section):
         ge=1,
         le=100_000,
         description="Most live registered relays at once (range_share of them from one "
-        "address range); one more is refused (429) until one dies or is delisted.",
+        "address range), counting those advertised and those within their first "
+        "relay_check_s x (relay_check_failures + 1); one more is refused (429) until one "
+        "dies, is delisted or fails its first checks.",
     )
     relay_check_s: float = Field(
         30.0,

@@ -173,7 +173,7 @@ def _take_from_faucet(svc: Service, cur, now: float, net: str) -> None:
         _empty(
             o.faucet_per_hour, level, f"the run admits {o.faucet_per_hour:g} new workers an hour"
         )
-    if o.range_share < 1.0:
+    if o.range_share < 1.0 and net:  # '': no peer address (a Unix socket): no range
         burst, per_hour = range_faucet(svc)
         row = cur.execute("SELECT level, time FROM faucets WHERE net = ?", (net,)).fetchone()
         mine = burst if row is None else _bucket(row[0], row[1], now, burst, per_hour)
@@ -509,9 +509,11 @@ def range_room(svc: Service, cur, node: str, oldest_policy: int, groups: int) ->
         return True
     svc.db.serialize(cur, "probation")  # held to the assignment's commit: one count at a time
     row = cur.execute("SELECT net FROM nodes WHERE key = ?", (node,)).fetchone()
+    if row is None or not row[0]:
+        return True  # no peer address when it registered: no range to share with
     share = max(
         cfg.worker.groups_per_file,
         math.floor(cfg.orchestrator.range_share * probation_limit(svc)),
     )
-    held = outstanding(svc, cur, oldest_policy, True, row[0] if row else "")
+    held = outstanding(svc, cur, oldest_policy, True, row[0])
     return held + groups <= share

@@ -352,7 +352,10 @@ def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
 
 
 def server_config(app, host: str, port: int, limits: ConnectionLimits, **kwargs):
-    """The `uvicorn.Config` of an orchestrator: `app` on host:port under `limits`."""
+    """The `uvicorn.Config` of an orchestrator: `app` on host:port under `limits`.
+    Forwarded-for headers are not read: the peer is the connection's (uvicorn would
+    otherwise take any loopback caller's X-Forwarded-For as its address, and a local
+    process could claim any address range; ranges.py)."""
     import uvicorn
 
     protocol = guarded_protocol(limits)
@@ -362,5 +365,5 @@ def server_config(app, host: str, port: int, limits: ConnectionLimits, **kwargs)
         port=port,
         http=protocol,
         timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]
-        **kwargs,
+        **{"proxy_headers": False, **kwargs},
     )

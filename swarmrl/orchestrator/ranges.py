@@ -9,8 +9,11 @@ relaystanding.py), so keys from one range leave the rest to newcomers from other
 
 A loopback address counts alone (127.0.0.2 is not 127.0.0.3): loopback peers are
 on the orchestrator's own machine, where the operator's processes and tests stand
-for separate parties. A peer that is not an IP address (a Unix socket, a test
-client) counts by its name. An IPv4-mapped IPv6 address counts as its IPv4 address.
+for separate parties. A peer that is not an IP address (a test client) counts by
+its name; one with no address at all (a Unix socket: '') is in no range, and only
+the run's own limits apply to it. An IPv4-mapped IPv6 address counts as its IPv4
+address. The peer is the connection's: X-Forwarded-For is not read
+(connections.server_config), since any local process could set it.
 
 What this does not stop: an attacker with many ranges (a botnet, a large cloud
 account) holds a share in each; and behind a reverse proxy every peer is the proxy,

@@ -118,7 +118,7 @@ def check_registration(svc: Service, cur, key: str, places: list[str], net: str)
     ]
     if total >= o.max_relays:
         raise ApiError(429, f"the run holds its most relays ({o.max_relays})", retry_after_s=60.0)
-    if o.range_share < 1.0:
+    if o.range_share < 1.0 and net:  # '': no peer address: no range to share with
         share = max(1, math.floor(o.range_share * o.max_relays))
         mine = cur.execute(
             f"SELECT COUNT(*) FROM nodes WHERE {live} AND net = ?", (*LIVE, key, grace, net)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from swarmrl.config import RunConfig
 from swarmrl.orchestrator.db import Database
+from swarmrl.protocol import work_proof
 
 
 def stored_object(text: str | None) -> dict:
@@ -103,7 +104,9 @@ class Service:
     # url -> (time asked, versions it serves or None, error): dashboard.py's ServerVersions
     server_versions: dict[str, tuple] = field(default_factory=dict)
     asking_servers: threading.Lock = field(default_factory=threading.Lock)
-    work_bits: int = 0  # the proof of work a new key pays (admission.proof_bits)
+    # the proof of work a new key pays, set at start (admission.proof_bits); until then
+    # the most there is, so that a service built without it admits no stranger cheaply
+    work_bits: int = work_proof.MAX_BITS
     dataset_sha256: str | None = None
     taskset_pin: str = ""  # a verifiers taskset's fingerprint here, served as task.env_fingerprint
 

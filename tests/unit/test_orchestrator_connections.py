@@ -313,3 +313,26 @@ def test_an_answer_left_unread_is_cut_off(served):
 )
 def test_clients_are_counted_by_address_or_ipv6_prefix(peer, client):
     assert client_of(peer) == client
+
+
+def test_a_forwarded_for_header_does_not_move_the_caller_to_another_range(served):
+    """uvicorn by default takes X-Forwarded-For from a loopback peer as the client's
+    address: a local process could then claim any address range for its keys."""
+    import json
+
+    import httpx
+
+    from swarmrl.protocol.signing import sign_request
+    from tests.unit.orch_util import HW
+
+    o = served.orch
+    key = o.worker("w")
+    body = json.dumps({"role": "worker", "hardware": HW}).encode()
+    headers = sign_request(key, o.svc.run_id, "POST", "/v1/nodes/register", body, now=o.clock())
+    headers |= {"content-type": "application/json", "x-forwarded-for": "203.0.113.5"}
+    r = httpx.post(
+        f"http://127.0.0.1:{served.port}/v1/nodes/register", content=body, headers=headers
+    )
+    assert r.status_code == 200, r.text
+    net = o.svc.db.one("SELECT net FROM nodes WHERE key = ?", (public_key_hex(key),))
+    assert net == [("127.0.0.1/32",)]

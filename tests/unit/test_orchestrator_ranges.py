@@ -237,3 +237,22 @@ def test_concurrent_registrations_take_no_more_than_the_share(orch, role):
     with ThreadPoolExecutor(16) as pool:
         admitted = sum(pool.map(register, range(16)))
     assert admitted == (4 if role == "worker" else 3)
+
+
+def test_callers_without_an_address_share_no_range(tmp_path):
+    """A peer with no address (a Unix socket) is not lumped with every other such peer
+    into one range holding half the faucet: only the run's own limits apply."""
+    from swarmrl.orchestrator import nodes
+    from swarmrl.orchestrator.auth import Caller
+
+    o = Orch(tmp_path, "orchestrator.faucet_burst=4", "orchestrator.faucet_per_hour=1",
+             "orchestrator.range_share=0.5")  # fmt: skip
+    admitted = 0
+    for i in range(6):
+        caller = Caller(pubhex(o.worker(f"u{i}")), f"nonce-{i:016d}", False, True, "")
+        try:
+            nodes.register(o.svc, caller, "worker", HW, "")
+            admitted += 1
+        except ApiError as e:
+            assert e.status == 429 and "range" not in e.detail
+    assert admitted == 4
