@@ -298,13 +298,7 @@ def _check_sizes_before_reading(metadata, limits: Limits, max_decoded: int) -> N
     for name, limit in budget.items():
         if values.get(name, 0) > limit:
             raise RolloutFileError(f"column '{name}' holds {values[name]} values, over {limit}")
-    decoded = sum(sizes.values())
-    if decoded > max_decoded:
-        widest = max(sizes, key=sizes.get)
-        raise RolloutFileError(
-            f"file's pages hold {decoded} bytes uncompressed (column '{widest}': "
-            f"{sizes[widest]}), over its limit of {max_decoded}"
-        )
+    _refuse_over(sizes, max_decoded, "file's pages hold {} bytes uncompressed", "")
 
 
 def _value_lengths(column: pa.ChunkedArray) -> pa.Array:
@@ -344,12 +338,17 @@ def _check_decoded(table: pa.Table, max_decoded: int) -> None:
             sizes[name] = text + 4 * (len(column) + column.num_chunks) + len(column) // 8 + 1
         else:
             sizes[name] = column.nbytes
+    _refuse_over(sizes, max_decoded, "file decodes to {} bytes", f" bytes in {table.num_rows} rows")
+
+
+def _refuse_over(sizes: dict[str, int], limit: int, what: str, unit: str) -> None:
+    """RolloutFileError if the columns' `sizes` add up past `limit`, naming the widest."""
     total = sum(sizes.values())
-    if total > max_decoded:
+    if total > limit:
         widest = max(sizes, key=sizes.get)
         raise RolloutFileError(
-            f"file decodes to {total} bytes (column '{widest}': {sizes[widest]} bytes in "
-            f"{table.num_rows} rows), over its limit of {max_decoded}"
+            f"{what.format(total)} (column '{widest}': {sizes[widest]}{unit}), over its "
+            f"limit of {limit}"
         )
 
 
