@@ -1,0 +1,121 @@
+"""The emulated network (swarmrl/sim/netns.py): nodes in namespaces of their own on
+shaped links, with CPU shares, and nothing left behind however the harness ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from swarmrl.sim import netns
+
+OK, WHY = netns.available()
+pytestmark = pytest.mark.skipif(not OK, reason=f"no network namespaces here: {WHY}")
+
+
+def _left(prefix: str) -> list[str]:
+    names = [n for n in netns.namespaces() if n.startswith(prefix)]
+    groups = [g.name for g in netns.CGROUP_CPU.glob(f"{prefix}*")]
+    return names + groups
+
+
+def test_nodes_talk_over_shaped_links_and_leave_nothing():
+    net = netns.Network("t1")
+    with net:
+        server = net.add("server", netns.Link(50))
+        client = net.add("client", netns.Link(10), cpu=0.5)
+        assert server.address == "198.18.0.1" and client.address == "198.18.0.2"
+        assert net.shaping(server) == {"up": 50.0, "down": 50.0}
+        assert net.shaping(client) == {"up": 10.0, "down": 10.0}
+        # no route but the emulated network's: nothing outside is reachable
+        routes = net.run(client, ["ip", "-j", "route"], capture_output=True, text=True)
+        assert [r["dst"] for r in __import__("json").loads(routes.stdout)] == ["198.18.0.0/15"]
+        web = net.start(server, [sys.executable, "-m", "http.server", "--bind", server.address,
+                                 "8000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        fetch = textwrap.dedent(f"""
+            import time, urllib.request
+            for _ in range(100):
+                try:
+                    print(len(urllib.request.urlopen("http://{server.address}:8000/", timeout=5).read()))
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            print(open("/proc/self/cgroup").read())
+        """)  # fmt: skip
+        got = net.start(client, [sys.executable, "-c", fetch], stdout=subprocess.PIPE, text=True)
+        out, _ = got.communicate(timeout=60)
+        lines = out.splitlines()
+        assert int(lines[0]) > 0  # the directory listing came over the link
+        assert f"{net.tag}/client" in out  # the client ran in its cgroup
+        assert web.poll() is None
+    assert web.poll() is not None  # stopped with the network
+    assert _left(net.tag) == []
+
+
+def test_an_error_inside_leaves_nothing():
+    net = netns.Network("t2")
+    with pytest.raises(RuntimeError, match="boom"), net:
+        node = net.add("a", netns.Link(1), cpu=0.1)
+        sleeper = net.start(node, ["sleep", "600"])
+        raise RuntimeError("boom")
+    assert sleeper.poll() is not None
+    assert _left(net.tag) == []
+
+
+HARNESS = """
+import subprocess, sys, time
+from swarmrl.sim import netns
+with netns.Network("child") as net:
+    node = net.add("a", netns.Link(5), cpu=0.2)
+    p = net.start(node, ["sleep", "600"])
+    print(p.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _harness() -> tuple[subprocess.Popen, int]:
+    child = subprocess.Popen([sys.executable, "-c", HARNESS], stdout=subprocess.PIPE, text=True)
+    sleeper = int(child.stdout.readline())
+    return child, sleeper
+
+
+def _gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_leaves_nothing(sig):
+    child, sleeper = _harness()
+    prefix = f"{netns.PREFIX}{child.pid}-"
+    try:
+        assert _left(prefix), "the harness made nothing"
+        child.send_signal(sig)
+        child.wait(30)
+        assert _gone(sleeper)
+        assert _left(prefix) == []
+    finally:
+        child.kill()
+        netns.sweep()
+
+
+def test_a_harness_killed_outright_is_swept_by_the_next():
+    child, sleeper = _harness()
+    prefix = f"{netns.PREFIX}{child.pid}-"
+    child.kill()
+    child.wait()
+    assert _left(prefix) and not _gone(sleeper, 0.5)  # left behind, still running
+    removed = netns.sweep()
+    assert removed and _left(prefix) == []
+    assert _gone(sleeper)
