@@ -11,7 +11,10 @@ What it builds (`Network`, a context manager):
 - per node, a token bucket (`tbf`) on each end of its link: its upload on `eth0`,
   its download on the router's end, at the node's Mbit/s;
 - per node with a CPU share, a cgroup (v1 `cpu` controller) whose CFS quota holds
-  it to that fraction of one core; its processes are placed there before they run.
+  it to that fraction of one core; its processes are placed there before they run;
+- if asked (`attach_host`), a leg from the host's own namespace to the bridge, with
+  the subnet's last address, so that a launcher outside can watch the nodes (its
+  traffic is not shaped); it is deleted with the network, and its route with it.
 
 Latency is not emulated: this kernel's traffic control has `tbf` and `htb` but not
 `netem`, so links differ in bandwidth and queueing only, with the round trip of a
@@ -137,6 +140,12 @@ def sweep() -> list[str]:
             _kill_all(int(p) for p in left)  # processes it started, still inside
             _ip("netns", "del", name, check=False)
             gone.append(name)
+    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        pid = _owner(name[:-1]) if name.endswith("h") else None
+        if pid is not None and not _alive(pid):  # a host leg (attach_host)
+            _ip("link", "del", name, check=False)
+            gone.append(name)
     if CGROUP_CPU.is_dir():
         for group in CGROUP_CPU.glob(f"{PREFIX}*"):
             pid = _owner(group.name)
@@ -189,6 +198,7 @@ class Network:
         self.cgroup: Path | None = None
         self._hosts = SUBNET.hosts()
         self._closed = False
+        self._leg = ""
         self._old_handlers: dict[int, object] = {}
 
     # lifetime
@@ -230,6 +240,8 @@ class Network:
                 _stop(p)
         for node in self.nodes.values():
             _ip("netns", "del", node.namespace, check=False)
+        if self._leg:  # a namespace is destroyed later, by the kernel: its links too
+            _ip("link", "del", self._leg, check=False)
         _ip("netns", "del", self.router, check=False)
         if self.cgroup is not None:
             _remove_cgroup(self.cgroup)
@@ -296,6 +308,18 @@ class Network:
         """`argv` in `node`'s namespace to completion (subprocess.run's answer)."""
         command = ["ip", "netns", "exec", node.namespace, *argv]
         return subprocess.run(command, timeout=timeout, **kw)
+
+    def attach_host(self) -> str:
+        """Join the host's namespace to the bridge (see the module's docstring); returns
+        the host's address there. One network per process may do this."""
+        address = str(SUBNET.broadcast_address - 1)
+        leg = self._leg = f"{self.tag.split('-')[0]}h"  # PREFIX<pid>h: at most 15 characters
+        _ip("link", "add", leg, "type", "veth", "peer", "name", "host", "netns", self.router)
+        _ip("-n", self.router, "link", "set", "host", "master", "br0")
+        _ip("-n", self.router, "link", "set", "host", "up")
+        _ip("addr", "add", f"{address}/{SUBNET.prefixlen}", "dev", leg)
+        _ip("link", "set", leg, "up")
+        return address
 
     def shaping(self, node: Node) -> dict[str, float | None]:
         """The rates in force on `node`'s link, read back from the kernel, Mbit/s."""

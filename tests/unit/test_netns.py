@@ -19,9 +19,12 @@ pytestmark = pytest.mark.skipif(not OK, reason=f"no network namespaces here: {WH
 
 
 def _left(prefix: str) -> list[str]:
+    """Namespaces, cgroups and host legs whose names start with `prefix`'s PREFIX<pid>."""
     names = [n for n in netns.namespaces() if n.startswith(prefix)]
     groups = [g.name for g in netns.CGROUP_CPU.glob(f"{prefix}*")]
-    return names + groups
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    legs = [x for x in links.split() if x.startswith(prefix.split("-")[0] + "h")]
+    return names + groups + legs
 
 
 def test_nodes_talk_over_shaped_links_and_leave_nothing():
@@ -72,6 +75,7 @@ import subprocess, sys, time
 from swarmrl.sim import netns
 with netns.Network("child") as net:
     node = net.add("a", netns.Link(5), cpu=0.2)
+    net.attach_host()
     p = net.start(node, ["sleep", "600"])
     print(p.pid, flush=True)
     time.sleep(600)
@@ -119,3 +123,27 @@ def test_a_harness_killed_outright_is_swept_by_the_next():
     removed = netns.sweep()
     assert removed and _left(prefix) == []
     assert _gone(sleeper)
+
+
+def test_the_host_can_watch_the_nodes_and_its_leg_goes_with_the_network():
+    import urllib.request
+
+    net = netns.Network("t3")
+    with net:
+        node = net.add("a", netns.Link(10))
+        here = net.attach_host()
+        assert here == "198.19.255.254"
+        net.start(node, [sys.executable, "-m", "http.server", "--bind", node.address, "8000"],
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert urllib.request.urlopen(f"http://{node.address}:8000/", timeout=5).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the node's server never answered"
+                time.sleep(0.1)
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    assert f"{netns.PREFIX}{os.getpid()}h" not in links
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    assert "198.18.0.0/15" not in routes
