@@ -28,6 +28,11 @@ Failure policy:
   launch/supervisor.py);
 - Ctrl-C stops everything cleanly; `--resume` continues from the newest
   complete version.
+
+Where each process runs is a `Placement`: `Local` (the default) puts every one on
+this machine's configured hosts, with relays all fed by the origin; an emulated
+network (sim/emulated.py) gives each its own address, a relay tree and a command
+that runs inside its namespace.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from swarmrl.config import RunConfig
 from swarmrl.errors import EXIT_REFUSED, LaunchError
@@ -49,29 +55,79 @@ from swarmrl.launch.supervisor import Action, Proc, Supervisor, free_port, stop_
 log = logging.getLogger("swarmrl.launch.swarm")
 
 
-def _shardcast_setup(cfg: RunConfig, base: list[str], cfg_args: list[str]):
-    """Key, ports and relay processes; returns (overrides for every process, relays)."""
+class Placement(Protocol):
+    """Where the processes of a swarm run (see the module's docstring)."""
+
+    def host(self, name: str, default: str) -> str:
+        """The address process `name` (orchestrator, trainer, relay-0, ...) listens on."""
+
+    def port(self, name: str, host: str) -> int:
+        """A port that is free for it there."""
+
+    def upstream(self, index: int, origin: str, relays: list[str]) -> list[str]:
+        """The URLs relay `index` mirrors from."""
+
+    def servers(self, origin: str, relays: list[str]) -> list[str]:
+        """The servers workers are told to fetch weights from."""
+
+    def relay_networks(self, cfg: RunConfig) -> list[str]:
+        """Networks the orchestrator must accept its own relays' addresses from."""
+
+    def wrap(self, proc: Proc) -> None:
+        """Make `proc`'s command run where the process is placed."""
+
+
+class Local:
+    """Every process on this machine, at the configured hosts; every relay fed by the
+    origin; workers fetch from all relays (or the origin when there are none)."""
+
+    def host(self, name: str, default: str) -> str:
+        return default
+
+    def port(self, name: str, host: str) -> int:
+        return free_port(host)
+
+    def upstream(self, index: int, origin: str, relays: list[str]) -> list[str]:
+        return [origin]
+
+    def servers(self, origin: str, relays: list[str]) -> list[str]:
+        return relays or [origin]
+
+    def relay_networks(self, cfg: RunConfig) -> list[str]:
+        return _host_networks(cfg.shardcast.host)
+
+    def wrap(self, proc: Proc) -> None:
+        pass
+
+
+def _shardcast_setup(cfg: RunConfig, base: list[str], cfg_args: list[str], place: Placement):
+    """Key, ports and relay processes; returns (overrides for every process, the
+    trainer's own overrides, relays)."""
     from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 
     sc = cfg.shardcast
     paths = cfg.paths
     key = load_or_create_key(Path(sc.key_file) if sc.key_file else paths.keys / "trainer.key")
-    origin_port = sc.origin_port or free_port(sc.host)
-    origin_url = f"http://{sc.host}:{origin_port}"
+    origin_host = place.host("trainer", sc.host)
+    origin_port = sc.origin_port or place.port("trainer", origin_host)
+    origin_url = f"http://{origin_host}:{origin_port}"
     extra = [f"shardcast.origin_port={origin_port}", f"shardcast.public_key={public_key_hex(key)}"]
+    own = [f"shardcast.host={json.dumps(origin_host)}"] if origin_host != sc.host else []
     relays, relay_urls = [], []
     for i in range(sc.relays):
-        port = free_port(sc.host)
-        relay_urls.append(f"http://{sc.host}:{port}")
-        argv = base + ["relay", "--upstream", origin_url, "--port", str(port)]
+        host = place.host(f"relay-{i}", sc.host)
+        port = place.port(f"relay-{i}", host)
+        upstream = ",".join(place.upstream(i, origin_url, relay_urls))
+        relay_urls.append(f"http://{host}:{port}")
+        argv = base + ["relay", "--upstream", upstream, "--host", host, "--port", str(port)]
         argv += ["--dir", str(paths.relays / f"relay-{i}"), *cfg_args, *extra]
         log_path = paths.logs / f"relay-{i}.log"
         restarts = cfg.launcher.max_worker_restarts
         relay = Proc(f"relay-{i}", argv, log_path, exits_when_done=False, max_restarts=restarts)
         relays.append(relay)
     if not sc.servers:
-        extra.append("shardcast.servers=" + json.dumps(relay_urls or [origin_url]))
-    return extra, relays
+        extra.append("shardcast.servers=" + json.dumps(place.servers(origin_url, relay_urls)))
+    return extra, own, relays
 
 
 def prepare_run_dir(cfg: RunConfig, resume: bool, fresh: bool) -> Path:
@@ -88,7 +144,9 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, fresh: bool) -> Path:
     return run
 
 
-def _orchestrator_setup(cfg: RunConfig, base: list[str], cfg_args: list[str], nodes: list[str]):
+def _orchestrator_setup(
+    cfg: RunConfig, base: list[str], cfg_args: list[str], nodes: list[str], place: Placement
+):
     """The orchestrator process, its URL, and the overrides that point every process at it.
     The launcher's own `nodes` get their keys here and are trusted (no probation)."""
     from swarmrl.orchestrator.server import operator_token
@@ -96,11 +154,13 @@ def _orchestrator_setup(cfg: RunConfig, base: list[str], cfg_args: list[str], no
     from swarmrl.trainer.loop import trainer_key
 
     o = cfg.orchestrator
-    port = o.port if o.url else free_port(o.host)
-    url = o.url or f"http://{o.host}:{port}"
+    host = place.host("orchestrator", o.host)
+    port = o.port if o.url else place.port("orchestrator", host)
+    url = o.url or f"http://{host}:{port}"
     operator_token(cfg)  # created before anyone needs it (mode 0600)
     extra = [f"orchestrator.url={json.dumps(url)}"]
-    own = [f"orchestrator.port={port}"]
+    own = [f"orchestrator.port={port}"] + ([f"orchestrator.host={json.dumps(host)}"]
+                                           if host != o.host else [])  # fmt: skip
     if not o.trainer_keys:
         own.append("orchestrator.trainer_keys=" + json.dumps([public_key_hex(trainer_key(cfg))]))
     homes = [cfg.run_dir / "nodes" / name for name in nodes]
@@ -108,7 +168,7 @@ def _orchestrator_setup(cfg: RunConfig, base: list[str], cfg_args: list[str], no
     own.append("orchestrator.trusted_workers=" + json.dumps(list(o.trusted_workers) + trusted))
     if cfg.shardcast.enabled and cfg.shardcast.relays:  # its own relays register on this host
         own.append("orchestrator.relay_networks=" + json.dumps(
-            list(o.relay_networks) + _host_networks(cfg.shardcast.host)))  # fmt: skip
+            list(o.relay_networks) + place.relay_networks(cfg)))  # fmt: skip
     argv = base + ["orchestrator", *cfg_args, *own, *extra]
     log_path = cfg.paths.logs / "orchestrator.log"
     restarts = cfg.launcher.max_worker_restarts  # on the same port, from its database
@@ -206,20 +266,23 @@ class Swarm:
 
 def plan_swarm(
     cfg: RunConfig, config_path: str | None, overrides: list[str], resume: bool,
-    cheat_kinds: list[str],
+    cheat_kinds: list[str], place: Placement | None = None,
 ) -> Swarm:  # fmt: skip
-    """Keys, ports and every process's command line; starts nothing."""
+    """Keys, ports and every process's command line, placed by `place` (default
+    `Local`); starts nothing."""
+    place = place or Local()
     run = cfg.run_dir
     base = [sys.executable, "-m", "swarmrl"]
     cfg_args = (["--config", config_path] if config_path else []) + list(overrides)
     relays: list[Proc] = []
+    origin_own: list[str] = []
     if cfg.shardcast.enabled:
-        extra, relays = _shardcast_setup(cfg, base, cfg_args)
+        extra, origin_own, relays = _shardcast_setup(cfg, base, cfg_args, place)
         cfg_args = cfg_args + extra
     cfg_args = cfg_args + _validator_setup(cfg)
     names = [f"worker-{i}" for i in range(cfg.launcher.workers)]
     names += [f"cheater-{i}" for i in range(len(cheat_kinds))]
-    orchestrator, url, extra = _orchestrator_setup(cfg, base, cfg_args, names)
+    orchestrator, url, extra = _orchestrator_setup(cfg, base, cfg_args, names, place)
     cfg_args = cfg_args + extra
     for r in relays:
         r.argv += extra
@@ -238,6 +301,7 @@ def plan_swarm(
 
     trainer_args = ["trainer"] + (["--resume"] if resume else [])
     trainer = proc("trainer", trainer_args, cfg.trainer.threads, ends_run=True)
+    trainer.argv += origin_own
     if cfg.trainer.ranks > 1:  # the same command, one process per rank under torchrun
         trainer.argv[1:3] = [
             "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
@@ -250,7 +314,10 @@ def plan_swarm(
     ]
     workers = [node(f"worker-{i}") for i in range(cfg.launcher.workers)]
     cheaters = [node(f"cheater-{i}", k) for i, k in enumerate(cheat_kinds)]
-    return Swarm(url, orchestrator, trainer, relays, validators, workers, cheaters)
+    swarm = Swarm(url, orchestrator, trainer, relays, validators, workers, cheaters)
+    for p in swarm.procs:
+        place.wrap(p)
+    return swarm
 
 
 def _start(cfg: RunConfig, swarm: Swarm, resume: bool) -> list[Proc]:
@@ -343,6 +410,7 @@ def launch(
     fresh: bool,
     cheaters: int = 0,
     cheats: list[str] | None = None,
+    place: Placement | None = None,
 ) -> int:
     from swarmrl.envs.environment import environment_of
     from swarmrl.launch.disk import check_disk
@@ -354,7 +422,7 @@ def launch(
     if cheat_kinds and not cfg.validator.enabled:
         raise LaunchError("--cheaters needs validator.enabled: nothing would stop them")
     run = prepare_run_dir(cfg, resume, fresh)
-    swarm = plan_swarm(cfg, config_path, overrides, resume, cheat_kinds)
+    swarm = plan_swarm(cfg, config_path, overrides, resume, cheat_kinds, place)
     workers = len(swarm.workers) + len(swarm.cheaters)
     check_disk(cfg, len(swarm.relays), len(swarm.validators), workers)  # before anything
     heldout.before(cfg, run)

@@ -238,7 +238,10 @@ class Network:
         for node in self.nodes.values():
             for p in node.processes:
                 _stop(p)
-        for node in self.nodes.values():
+        for node in self.nodes.values():  # what others started there (a supervisor's)
+            _kill_all(
+                int(p) for p in _ip("netns", "pids", node.namespace, check=False).stdout.split()
+            )
             _ip("netns", "del", node.namespace, check=False)
         if self._leg:  # a namespace is destroyed later, by the kernel: its links too
             _ip("link", "del", self._leg, check=False)
@@ -292,15 +295,20 @@ class Network:
         (group / "cpu.cfs_quota_us").write_text(str(int(cpu * CFS_PERIOD_US)))
         return group
 
-    def start(self, node: Node, argv: list[str], **popen) -> subprocess.Popen:
-        """`argv` inside `node`'s namespace (and cgroup, before it runs), in a process
-        group of its own; stopped when the network closes."""
+    def command(self, node: Node, argv: list[str]) -> list[str]:
+        """`argv` as a command that runs inside `node`'s namespace, and in its cgroup
+        from before it starts."""
         command = ["ip", "netns", "exec", node.namespace, *argv]
         if node.cgroup is not None:
             # the shell joins the cgroup, then becomes the command: nothing runs outside
             command = ["sh", "-c", 'echo $$ > "$0" && exec "$@"',
                        str(node.cgroup / "cgroup.procs"), *command]  # fmt: skip
-        p = subprocess.Popen(command, start_new_session=True, **popen)
+        return command
+
+    def start(self, node: Node, argv: list[str], **popen) -> subprocess.Popen:
+        """`argv` inside `node` (`command`), in a process group of its own; stopped
+        when the network closes."""
+        p = subprocess.Popen(self.command(node, argv), start_new_session=True, **popen)
         node.processes.append(p)
         return p
 

@@ -147,3 +147,48 @@ def test_the_host_can_watch_the_nodes_and_its_leg_goes_with_the_network():
     assert f"{netns.PREFIX}{os.getpid()}h" not in links
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
     assert "198.18.0.0/15" not in routes
+
+
+def test_an_emulated_swarm_places_each_process_on_its_node_and_relays_in_a_tree(tmp_path):
+    """The launcher's plan on an emulated network: every process's command runs in its
+    own namespace, at its own address; relays 1 and 2 mirror relay 0, workers fetch from
+    the last level, and the orchestrator accepts relays from the emulated subnet."""
+    import json
+
+    from swarmrl.config import load_config
+    from swarmrl.launch.swarm import plan_swarm
+    from swarmrl.sim.emulated import Emulated, Layout
+
+    cfg = load_config(None, [f"runs_dir={json.dumps(str(tmp_path))}", "name=e",
+                             "launcher.workers=2", "shardcast.relays=3", "validator.count=1"])  # fmt: skip
+    (cfg.run_dir / "logs").mkdir(parents=True)
+    with netns.Network("plan") as net:
+        layout = Layout(links={"worker": 10, "relay": 50}, cpus={"worker": 0.5}, levels=2)
+        swarm = plan_swarm(cfg, None, [], False, ["other-model"], Emulated(net, layout))
+        for p in swarm.procs:
+            node = net.nodes[p.name]
+            assert node.namespace in p.argv and p.argv.index(node.namespace) < p.argv.index("-m")
+            assert (node.cgroup is not None) == p.name.startswith("worker")
+        addr = {name: n.address for name, n in net.nodes.items()}
+        assert len(set(addr.values())) == len(addr)
+        assert net.shaping(net.nodes["worker-1"]) == {"up": 10.0, "down": 10.0}
+
+        def arg(p, flag):
+            return p.argv[p.argv.index(flag) + 1]
+
+        origin = f"http://{addr['trainer']}:8000"
+        assert arg(swarm.relays[0], "--upstream") == origin
+        for r in swarm.relays[1:]:
+            assert arg(r, "--upstream") == f"http://{addr['relay-0']}:8000"
+        servers = next(a for a in swarm.trainer.argv if a.startswith("shardcast.servers="))
+        assert json.loads(servers.split("=", 1)[1]) == [
+            f"http://{addr['relay-1']}:8000",
+            f"http://{addr['relay-2']}:8000",
+        ]
+        assert f'shardcast.host="{addr["trainer"]}"' in swarm.trainer.argv
+        assert swarm.url == f"http://{addr['orchestrator']}:8000"
+        nets = next(
+            a for a in swarm.orchestrator.argv if a.startswith("orchestrator.relay_networks=")
+        )
+        assert "198.18.0.0/15" in nets
+    assert _left(net.tag) == []
