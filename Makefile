@@ -84,6 +84,7 @@ bench: $(STAMP) $(TINY)/warm_start.json chromium
 	$(BIN)/python bench/bf16_tolerances.py  # the validator's honest spreads, float32 and bfloat16
 	$(BIN)/python bench/weight_patches.py  # full versions against patches on a bfloat16 run
 	$(BIN)/python bench/dashboard_cost.py  # the orchestrator with and without a browser on its dashboard
+	$(BIN)/python bench/swarm_scale.py  # 35 workers, 3 relays in two levels, churn and cheaters on shaped links (root)
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache
