@@ -276,7 +276,6 @@ def main() -> int:
         "name=swarm", f"seed={a.seed}", f"trainer.steps={a.steps}",
         f"launcher.workers={honest}", f"shardcast.relays={a.relays}",
         f"validator.count={a.validators}", "validator.enabled=true",
-        "orchestrator.register_work_bits=8",  # the relays' proofs: not what is measured
         "orchestrator.range_share=1",  # all nodes share one emulated /15; ranges: test_orchestrator_ranges.py
         "launcher.max_worker_restarts=10",
     ]  # fmt: skip

@@ -265,8 +265,9 @@ class OrchestratorConfig(Section):
     trusted_workers: list[str] = Field(
         default_factory=list,
         max_length=10_000,
-        description="Worker keys (hex) the operator vouches for: no probation "
-        "(`swarmrl rl` lists its own workers).",
+        description="Worker and relay keys (hex) the operator vouches for: no probation, "
+        "no proof of work, a stake without the faucet (`swarmrl rl` lists its own workers "
+        "and relays).",
     )
     file_seconds: float = Field(
         600.0,
