@@ -107,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
         help="URL nodes reach this relay at, registered with the orchestrator "
         "(default http://HOST:PORT; required with --port 0 or a wildcard host)",
     )
+    p.add_argument(
+        "--inner",
+        action="store_true",
+        help="a relay of a tree's inner level, serving only other relays: it does not "
+        "register with the orchestrator, so workers are not sent to it",
+    )
     p = sub.add_parser("origin", help="serve a weights directory as a SHARDCAST origin")
     _common(p)
     p.add_argument("--dir", required=True, help="weights directory (step_NNNNNN/ versions)")
@@ -396,7 +402,7 @@ def _relay(args: argparse.Namespace) -> int:
 
     sc = cfg.shardcast
     host = args.host or sc.host
-    if cfg.orchestrator.url:
+    if cfg.orchestrator.url and not args.inner:
         public = relay_public_url(host, args.port, args.public_url)
         join_orchestrator(cfg.orchestrator.url, Path(args.dir) / "node.key", public)
     run_relay(

@@ -70,6 +70,10 @@ class Placement(Protocol):
     def servers(self, origin: str, relays: list[str]) -> list[str]:
         """The servers workers are told to fetch weights from."""
 
+    def inner(self, index: int, count: int) -> bool:
+        """Whether relay `index` of `count` serves only other relays (not registered
+        with the orchestrator, so that workers are not sent to it)."""
+
     def relay_networks(self, cfg: RunConfig) -> list[str]:
         """Networks the orchestrator must accept its own relays' addresses from."""
 
@@ -92,6 +96,9 @@ class Local:
 
     def servers(self, origin: str, relays: list[str]) -> list[str]:
         return relays or [origin]
+
+    def inner(self, index: int, count: int) -> bool:
+        return False
 
     def relay_networks(self, cfg: RunConfig) -> list[str]:
         return _host_networks(cfg.shardcast.host)
@@ -120,6 +127,7 @@ def _shardcast_setup(cfg: RunConfig, base: list[str], cfg_args: list[str], place
         upstream = ",".join(place.upstream(i, origin_url, relay_urls))
         relay_urls.append(f"http://{host}:{port}")
         argv = base + ["relay", "--upstream", upstream, "--host", host, "--port", str(port)]
+        argv += ["--inner"] if place.inner(i, sc.relays) else []
         argv += ["--dir", str(paths.relays / f"relay-{i}"), *cfg_args, *extra]
         log_path = paths.logs / f"relay-{i}.log"
         restarts = cfg.launcher.max_worker_restarts

@@ -7,7 +7,9 @@ relay-0, validator-0, worker-3, cheater-0), with the link and CPU share its
 `Layout` gives it, an address from 198.18.0.0/15 and port 8000 (each node has all
 its ports to itself). The relays form a tree of `Layout.levels` levels: the first
 `Layout.fanout` relays mirror the origin (the trainer), each later level mirrors
-the whole level above it, and workers and validators fetch from the last level.
+the whole level above it, and workers and validators fetch from the last level
+(the inner levels' relays do not register with the orchestrator, which would
+otherwise send workers to them too).
 The launcher itself stays in the host's namespace, joined to the bridge
 (`Network.attach_host`) to watch the run.
 
@@ -73,6 +75,9 @@ class Emulated:
             return [origin]
         last = max(self.layout.level(i) for i in range(len(relays)))
         return [u for i, u in enumerate(relays) if self.layout.level(i) == last]
+
+    def inner(self, index: int, count: int) -> bool:
+        return self.layout.level(index) < self.layout.level(count - 1)
 
     def relay_networks(self, cfg: RunConfig) -> list[str]:
         return [str(SUBNET)]

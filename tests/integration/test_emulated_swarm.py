@@ -42,6 +42,9 @@ def test_a_swarm_on_shaped_links_with_a_relay_tree_trains_and_ejects_its_cheater
     relay0 = f"http://{addr['relay-0']}:8000"
     for i in (1, 2):  # the second level mirrors the first
         assert f"following ['{relay0}']" in (logs / f"relay-{i}.log").read_text()
+    for w in ("worker-0", "worker-1"):  # and only the second level serves the workers
+        fetched = [x for x in (logs / f"{w}.log").read_text().splitlines() if "after publish" in x]
+        assert fetched and not any(relay0 in x for x in fetched), fetched[:2]
     metrics = [json.loads(x) for x in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(m.get("step", 0) for m in metrics) == 6
     names = {

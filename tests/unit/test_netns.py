@@ -178,6 +178,7 @@ def test_an_emulated_swarm_places_each_process_on_its_node_and_relays_in_a_tree(
 
         origin = f"http://{addr['trainer']}:8000"
         assert arg(swarm.relays[0], "--upstream") == origin
+        assert ["--inner" in r.argv for r in swarm.relays] == [True, False, False]
         for r in swarm.relays[1:]:
             assert arg(r, "--upstream") == f"http://{addr['relay-0']}:8000"
         servers = next(a for a in swarm.trainer.argv if a.startswith("shardcast.servers="))
