@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 
-from swarmrl.orchestrator.admission import record_judgement, record_proof
+from swarmrl.orchestrator.admission import record_proof
+from swarmrl.orchestrator.judgement import record_judgement
 from swarmrl.orchestrator.mismatch import recheck_unconsumed
 from swarmrl.orchestrator.nodes import event, punish
 from swarmrl.orchestrator.service import ApiError, Service

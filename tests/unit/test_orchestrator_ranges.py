@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from swarmrl.orchestrator import admission
+from swarmrl.orchestrator import admission, judgement
 from swarmrl.orchestrator.ranges import address_range
 from swarmrl.orchestrator.service import ApiError
 from swarmrl.protocol import work_proof
@@ -119,20 +119,20 @@ def test_judged_counts_fade_so_the_rates_are_recent_ones(tmp_path):
     o = Orch(tmp_path)
     node = "ab" * 32
     with o.svc.db.tx() as cur:
-        for _ in range(admission.JUDGED_WINDOW - 1):
-            admission.record_judgement(o.svc, cur, node, False, 0.0)
-        admission.record_judgement(o.svc, cur, node, True, 0.0)
+        for _ in range(judgement.JUDGED_WINDOW - 1):
+            judgement.record_judgement(o.svc, cur, node, False, 0.0)
+        judgement.record_judgement(o.svc, cur, node, True, 0.0)
     judged, blameless = o.svc.db.one("SELECT judged, blameless FROM standing")[0]
-    assert (judged, blameless) == (admission.JUDGED_WINDOW // 2, 0)  # 1 // 2
+    assert (judged, blameless) == (judgement.JUDGED_WINDOW // 2, 0)  # 1 // 2
     swarm = dict(o.svc.db.one("SELECT name, value FROM counters WHERE name LIKE '%_files'"))
-    assert swarm == {"judged_files": admission.JUDGED_WINDOW, "blameless_files": 1}
+    assert swarm == {"judged_files": judgement.JUDGED_WINDOW, "blameless_files": 1}
     with o.svc.db.tx() as cur:
         cur.execute("UPDATE counters SET value = ? WHERE name = 'judged_files'",
-                    (admission.SWARM_WINDOW - 1,))  # fmt: skip
+                    (judgement.SWARM_WINDOW - 1,))  # fmt: skip
         cur.execute("UPDATE counters SET value = 301 WHERE name = 'blameless_files'")
-        admission.record_judgement(o.svc, cur, node, True, 0.0)
+        judgement.record_judgement(o.svc, cur, node, True, 0.0)
     swarm = dict(o.svc.db.one("SELECT name, value FROM counters WHERE name LIKE '%_files'"))
-    assert swarm == {"judged_files": admission.SWARM_WINDOW // 2, "blameless_files": 151}
+    assert swarm == {"judged_files": judgement.SWARM_WINDOW // 2, "blameless_files": 151}
 
 
 def test_blameless_refusals_far_above_the_swarms_send_a_node_back_to_probation(tmp_path):
