@@ -34,6 +34,7 @@ class Layout:
 
     links: dict[str, float] = field(default_factory=dict)  # name or role -> Mbit/s
     cpus: dict[str, float] = field(default_factory=dict)  # name or role -> cores
+    weights: dict[str, float] = field(default_factory=dict)  # name or role -> cpu.shares
     fanout: int = 1  # relays on the first level
     levels: int = 1
 
@@ -56,7 +57,13 @@ class Emulated:
     def node(self, name: str) -> Node:
         if name not in self.net.nodes:
             mbit = self.layout.of(self.layout.links, name)
-            self.net.add(name, Link(mbit), self.layout.of(self.layout.cpus, name))
+            weight = self.layout.of(self.layout.weights, name)
+            self.net.add(
+                name,
+                Link(mbit),
+                self.layout.of(self.layout.cpus, name),
+                None if weight is None else int(weight),
+            )
         return self.net.nodes[name]
 
     def host(self, name: str, default: str) -> str:

@@ -11,7 +11,8 @@ What it builds (`Network`, a context manager):
 - per node, a token bucket (`tbf`) on each end of its link: its upload on `eth0`,
   its download on the router's end, at the node's Mbit/s;
 - per node with a CPU share, a cgroup (v1 `cpu` controller) whose CFS quota holds
-  it to that fraction of one core; its processes are placed there before they run;
+  it to that fraction of one core, and, with a weight, whose `cpu.shares` sets its
+  claim on a busy machine; its processes are placed there before they run;
 - if asked (`attach_host`), a leg from the host's own namespace to the bridge, with
   the subnet's last address, so that a launcher outside can watch the nodes (its
   traffic is not shaped); it is deleted with the network, and its route with it.
@@ -254,12 +255,22 @@ class Network:
 
     # nodes
 
-    def add(self, name: str, link: Link = Link(), cpu: float | None = None) -> Node:
-        """A node in its own namespace, on `link`, held to `cpu` of one core if given."""
+    def add(
+        self, name: str, link: Link = Link(), cpu: float | None = None, weight: int | None = None
+    ) -> Node:
+        """A node in its own namespace, on `link`, held to `cpu` of one core if given;
+        `weight`: its claim on the CPU when the machine is busy (cgroup v1 `cpu.shares`,
+        1024 is a plain process's), so that a node that has a machine of its own in a
+        real swarm (the orchestrator) is not starved by dozens of emulated workers.
+        The nodes' groups share one parent, which competes with the machine's other
+        processes as one process would: give every node of a run a weight or a share
+        so that all of them compete inside it, by their weights."""
         if name in self.nodes:
             raise ValueError(f"node '{name}' exists")
         if cpu is not None and not 0.01 <= cpu <= os.cpu_count():
             raise ValueError(f"cpu share {cpu}: expected 0.01 to {os.cpu_count()} cores")
+        if weight is not None and not 2 <= weight <= 262144:
+            raise ValueError(f"cpu weight {weight}: expected 2 to 262144 (cpu.shares)")
         index = len(self.nodes)
         node = Node(name, f"{self.tag}-n{index}", str(next(self._hosts)), link, cpu)
         self.nodes[name] = node
@@ -277,11 +288,11 @@ class Network:
         if link.mbit is not None:
             _shape(node.namespace, "eth0", link.mbit)  # what the node sends
             _shape(self.router, peer, link.mbit)  # what it receives
-        if cpu is not None:
-            node.cgroup = self._node_cgroup(node, cpu)
+        if cpu is not None or weight is not None:
+            node.cgroup = self._node_cgroup(node, cpu, weight)
         return node
 
-    def _node_cgroup(self, node: Node, cpu: float) -> Path:
+    def _node_cgroup(self, node: Node, cpu: float | None, weight: int | None) -> Path:
         if not (CGROUP_CPU / "cpu.cfs_quota_us").exists():
             raise NetworkUnavailable(
                 f"no cgroup v1 cpu controller at {CGROUP_CPU}: node speeds cannot be held"
@@ -291,8 +302,11 @@ class Network:
             self.cgroup.mkdir()
         group = self.cgroup / node.name
         group.mkdir()
-        (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
-        (group / "cpu.cfs_quota_us").write_text(str(int(cpu * CFS_PERIOD_US)))
+        if cpu is not None:
+            (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(int(cpu * CFS_PERIOD_US)))
+        if weight is not None:
+            (group / "cpu.shares").write_text(str(weight))
         return group
 
     def command(self, node: Node, argv: list[str]) -> list[str]:

@@ -35,6 +35,13 @@ def test_nodes_talk_over_shaped_links_and_leave_nothing():
         assert server.address == "198.18.0.1" and client.address == "198.18.0.2"
         assert net.shaping(server) == {"up": 50.0, "down": 50.0}
         assert net.shaping(client) == {"up": 10.0, "down": 10.0}
+        # a weight without a share: a claim on a busy machine, no cap
+        heavy = net.add("heavy", netns.Link(100), weight=8192)
+        assert (heavy.cgroup / "cpu.shares").read_text().strip() == "8192"
+        assert (heavy.cgroup / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        assert (client.cgroup / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        with pytest.raises(ValueError, match="cpu weight"):
+            net.add("weightless", weight=1)
         # no route but the emulated network's: nothing outside is reachable
         routes = net.run(client, ["ip", "-j", "route"], capture_output=True, text=True)
         assert [r["dst"] for r in __import__("json").loads(routes.stdout)] == ["198.18.0.0/15"]
