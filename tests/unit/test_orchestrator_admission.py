@@ -248,9 +248,9 @@ def test_honest_workers_keep_most_of_the_work_among_hoarders(tmp_path, hoarding)
 
 
 def test_the_launcher_trusts_its_own_workers_and_allows_its_relays_host(tmp_path):
-    """`swarmrl rl`'s plan: the orchestrator's command line lists the keys of the workers
-    and relays it starts as trusted, and the relays' host among the allowed relay
-    networks."""
+    """`swarmrl rl`'s plan: the orchestrator's command line lists the keys of the honest
+    workers and relays it starts as trusted (not its cheaters'), and the relays' host
+    among the allowed relay networks."""
     import json as _json
 
     from swarmrl.config import load_config
@@ -264,9 +264,11 @@ def test_the_launcher_trusts_its_own_workers_and_allows_its_relays_host(tmp_path
     args = swarm.orchestrator.argv
     trusted = _json.loads(next(a for a in args if a.startswith("orchestrator.trusted_workers="))
                           .split("=", 1)[1])  # fmt: skip
-    homes = [cfg.run_dir / "nodes" / n for n in ("worker-0", "worker-1", "cheater-0")]
+    homes = [cfg.run_dir / "nodes" / n for n in ("worker-0", "worker-1")]
     homes.append(cfg.paths.relays / "relay-0")  # its relay: no proof of work to pay
     assert sorted(trusted) == sorted(pubhex(_key(h)) for h in homes)
+    # its cheater is a stranger: probation and every check, as any new key
+    assert pubhex(_key(cfg.run_dir / "nodes" / "cheater-0")) not in trusted
     nets = _json.loads(next(a for a in args if a.startswith("orchestrator.relay_networks="))
                        .split("=", 1)[1])  # fmt: skip
     assert refusal(f"http://{cfg.shardcast.host}:9000", nets) is None
