@@ -169,7 +169,7 @@ class Signed:
 
 
 def _sweep_forever(svc: Service, every_s: float, stop: threading.Event) -> None:
-    """Every `every_s` until `stop`: node silence, finality, nonce expiry, relay checks."""
+    """Every `every_s` until `stop`: silence, finality, nonces, relay checks, checkpoint."""
     checker = RelayChecker(svc)  # relaycheck.py: the checks run on a thread of their own
     while not stop.wait(every_s):
         try:
@@ -178,6 +178,7 @@ def _sweep_forever(svc: Service, every_s: float, stop: threading.Event) -> None:
             files.discard_stale(svc)
             purge_nonces(svc)
             checker.start_due()
+            svc.db.checkpoint()  # db.py: the journal's copy-back, off the request path
         except Exception:  # a failed sweep (a deadlock, a lost connection) is retried
             log.exception("sweep failed; retrying in %.1f s", every_s)
     checker.close()
