@@ -211,6 +211,15 @@ class OrchestratorConfig(Section):
         description="Groups assigned beyond what the trainer still needs "
         "(worker.max_pending_groups, or trainer.batch_groups).",
     )
+    work_slack_steps: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="New work goes only to a node whose policy leaves its file this many "
+        "steps before it would be stale (at least one step within async_level is always "
+        "allowed): a file begun at the oldest usable policy can only make the batch being "
+        "filled, and in the emulated swarm 93% of those went stale. 0: any usable policy.",
+    )
     assignment_s: float = Field(
         600.0,
         gt=0.0,

@@ -18,6 +18,11 @@ whose node dies or whose deadline passes becomes `orphaned`, and the next
 node that asks for work gets a new assignment that records it
 (`reissue_of`); `cancelled` when its node is ejected.
 
+A new assignment goes only to a node whose policy leaves `orchestrator.
+work_slack_steps` (1) steps of slack before its file would be stale (async_level
+less that, at least 1): a file begun at the oldest usable policy can only make the
+batch being filled, so it mostly arrives stale (the emulated swarm: 486 of 523).
+
 How much work is out: the groups of open assignments and of files still on
 their way to the trainer (uploading, pending, accepted) whose policy is
 fresh (an assignment held past that can only make a stale file). A proven
@@ -131,6 +136,9 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
             # training step, and the trainer, not the node, decides when.
             cur.execute("UPDATE assignments SET state = 'orphaned' WHERE counter = ?", (row[0],))
         answer["wait"] = _why_wait(cfg, run, policy_version)
+        newest_usable = max(1, cfg.async_level - cfg.orchestrator.work_slack_steps)
+        if answer["wait"] is None and run["step"] - policy_version > newest_usable:
+            answer["wait"] = "stale-policy"  # its file could only make the batch being filled
         if answer["wait"] is None and admission.cooldown_left(svc, cur, key, now) > 0:
             answer["wait"] = "cooldown"  # it let assignments expire: admission.py
         probation = admission.on_probation(svc, cur, key)

@@ -414,3 +414,26 @@ def test_postgres_connections_that_die_are_replaced(orch, request):
             failures += 1
     assert 1 <= failures <= killed
     assert o.assignment(w, 0)["assignment"]["counter"] == counter  # recorded work survived
+
+
+@pytest.mark.parametrize(
+    "overrides, held, wait",
+    [
+        (("async_level=2",), 1, "stale-policy"),  # one version behind the newest: waits
+        (("async_level=2",), 2, None),
+        (("async_level=2", "orchestrator.work_slack_steps=0"), 1, None),
+        (("async_level=1",), 2, None),  # never fewer than one usable step
+    ],
+)
+def test_new_work_needs_a_step_of_slack_before_staleness(orch, overrides, held, wait):
+    """At async_level 2, a node holding policy step - 2 (one version behind the newest)
+    waits for the newer one: its file could only make the batch being filled (most such
+    files went stale in the emulated swarm). With work_slack_steps=0 it gets work."""
+    o = orch(*overrides)
+    node = o.worker("n")
+    o.register(node)
+    o.open_step(3, 2)  # collecting for step 3; version 2 published
+    answer = o.assignment(node, held)
+    assert answer["wait"] == wait
+    if wait is None:
+        assert answer["assignment"]["policy_step"] == held
