@@ -399,12 +399,13 @@ class WorkerNode:
         mean_r = sum(r["reward"] for r in rows) / len(rows)
         dt = time.time() - t0
         log.info(
-            "step %d policy %d: %d samples, reward %.3f, %.0f tok/s -> %s",
+            "step %d policy %d: %d samples, reward %.3f, %.0f tok/s in %.2fs -> %s",
             a.step,
             a.policy_step,
             len(rows),
             mean_r,
             n_tok / max(dt, 1e-9),
+            dt,
             key,
         )
 
