@@ -198,6 +198,9 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="exit half-way through the all-reduce of this outer step (fault injection, tests)",
     )
+    from swarmrl.plan import cli as plan_cli
+
+    plan_cli.add_parser(sub)
     sub.add_parser("config-docs", help="print the configuration reference (docs/config.md)")
     sub.add_parser("openapi", help="print the orchestrator's OpenAPI document (docs/openapi.json)")
     return ap
@@ -448,6 +451,12 @@ def _origin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from swarmrl.plan.cli import run
+
+    return run(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "rl": _rl,
     "trainer": _trainer,
@@ -464,6 +473,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "filter": _filter,
     "diloco": _diloco,
     "diloco-site": _diloco_site,
+    "plan": _plan,
     "config-docs": _config_docs,
     "openapi": _openapi,
 }

@@ -1,0 +1,128 @@
+"""The planner's costs, measured: from the records of a finished run (`from_run`), or
+by running a short one on this machine first (`measure`).
+
+What each cost is read from (all written by the run's own processes):
+
+- `file_s`: the median seconds a worker took for one file (its log's "in N s"),
+  times the cores it had (1 on loopback; a share in the emulated swarm), and the
+  groups in a file (`groups`: the file key's `-gN`);
+- `train_s`: the median of the trainer's update seconds (metrics.jsonl `train_s`);
+- `validate_s`: the median of the validators' seconds per file (verdicts.jsonl);
+- `load_s`: the median seconds a worker took to load a version it had downloaded;
+- `start_s`: the median seconds from a worker's start to its registration;
+- `fetch_s_per_mb`: the median seconds per MB of a worker's downloads of versions
+  (on loopback the link is not the limit: its CPU is), times its cores;
+- `version_mb`: the mean of what each version sent (published.jsonl: the patch where
+  one was kept, else the whole version);
+- `file_mb`: the mean rollout file (the orchestrator's ledger);
+- `signal`: the share of the groups the trainer read that had signal.
+
+Not measured: the orchestrator's service time per request (`request_ms`, from
+bench/orchestrator_load.py; the planner reports the load it would put on it).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+from swarmrl.plan.model import Costs
+
+FILE = re.compile(r"step \d+ policy \d+: \d+ samples, .* in ([\d.]+)s -> \S+-g(\d+)\.parquet")
+FETCHED = re.compile(r"version (\d+): ([\d.]+) MB in ([\d.]+)s \(")
+LOADED = re.compile(r"loaded policy version (\d+) in ([\d.]+)s")
+
+
+def _median(xs: list[float], what: str, run: Path) -> float:
+    if not xs:
+        raise ValueError(f"{run}: no record of {what}: a run with at least 2 steps is needed")
+    return statistics.median(xs)
+
+
+def _stamp(line: str) -> float | None:
+    try:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None
+
+
+def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
+    """Costs read from run directory `run` (see the module's docstring); a worker's
+    seconds count `worker_cores` cores each (its share in an emulated swarm)."""
+    run = Path(run)
+    if not (run / "metrics.jsonl").exists():
+        raise ValueError(f"{run}: no metrics.jsonl, not a run directory")
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    files, loads, starts, groups, fetches = [], [], [], [], []
+    for log in sorted((run / "logs").glob("worker-*.log")):
+        joined = None
+        for line in log.read_text(errors="replace").splitlines():
+            if m := FILE.search(line):
+                files.append(float(m[1]) * worker_cores)
+                groups.append(int(m[2]))
+            elif (m := FETCHED.search(line)) and int(m[1]) > 0 and float(m[2]) > 0:
+                fetches.append(float(m[3]) / float(m[2]) * worker_cores)
+            elif (m := LOADED.search(line)) and int(m[1]) > 0:
+                loads.append(float(m[2]) * worker_cores)
+            elif " joining run " in line:
+                joined = _stamp(line)
+            elif " registered: " in line and joined is not None:
+                t = _stamp(line)
+                starts.append(t - joined) if t is not None else None
+                joined = None
+    verdicts = run / "verdicts.jsonl"
+    checks = [
+        json.loads(x)["seconds"]
+        for x in (verdicts.read_text().splitlines() if verdicts.exists() else [])
+        if x and "seconds" in json.loads(x)
+    ]
+    published = [json.loads(x) for x in (run / "published.jsonl").read_text().splitlines() if x]
+    sent = [
+        p["full_bytes"] if p.get("patch_dropped", True) or not p.get("patch_bytes")
+        else p["patch_bytes"]
+        for p in published
+    ]  # fmt: skip
+    db = sqlite3.connect(f"file:{run / 'orchestrator' / 'state.sqlite'}?mode=ro", uri=True)
+    try:
+        (size,) = db.execute("SELECT AVG(size) FROM files").fetchone()
+    finally:
+        db.close()
+    read = sum(m.get("groups", 0) + m.get("dropped_groups", 0) for m in metrics)
+    dropped = sum(m.get("dropped_groups", 0) for m in metrics)
+    return Costs(
+        file_s=round(_median(files, "a worker's file", run), 3),
+        train_s=round(
+            _median([m["train_s"] for m in metrics if "train_s" in m], "updates", run), 3
+        ),
+        validate_s=round(_median(checks, "a validator's check", run), 3),
+        load_s=round(statistics.median(loads), 3) if loads else 0.0,
+        version_mb=round(_median(sent, "a published version", run) / 1e6, 3),
+        start_s=round(statistics.median(starts), 1) if starts else 0.0,
+        fetch_s_per_mb=round(statistics.median(fetches), 4) if fetches else 0.0,
+        file_mb=round((size or 0) / 1e6, 4),
+        signal=round(1 - dropped / read, 3) if read else 1.0,
+        groups=round(statistics.median(groups)),
+        measured_on=f"{run} ({platform.node()}, {platform.processor() or platform.machine()})",
+    )
+
+
+def measure(config: str, steps: int = 4, keep: Path | None = None) -> Costs:
+    """Run `config` on this machine with one worker and one validator for `steps`
+    steps (loopback, a full core each), and read the costs from its records."""
+    where = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="swarmrl-calibrate-"))
+    argv = [sys.executable, "-m", "swarmrl", "rl", "--config", config, "--fresh",
+            f"runs_dir={json.dumps(str(where))}", "name=calibrate", f"trainer.steps={steps}",
+            "launcher.workers=1", "validator.count=1", "validator.enabled=true",
+            "validator.sample_rate=1.0", "shardcast.relays=1", "launcher.eval_problems=0"]  # fmt: skip
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise RuntimeError(f"the calibration run failed ({done.returncode}); logs in {where}")
+    return from_run(where / "calibrate")
