@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -140,7 +141,7 @@ class Chaos(threading.Thread):
         a = self.a
         done: set[str] = set()
         workers = [f"worker-{i}" for i in range(a.workers - a.late)]
-        churn = workers[: max(1, round(a.churn * a.workers))]
+        churn = workers[: max(1, math.ceil(a.churn * a.workers))]  # at least that share
         seen, counted = -1, 0.0
         while not self.stop.wait(0.2):
             if time.time() - counted >= 2.0:
@@ -412,7 +413,8 @@ def scenario(a: argparse.Namespace, cfg, layout, costs):
         validators=a.validators, validator_mbit=float(layout.links["validator"]),
         sample_rate=cfg.validator.sample_rate, heartbeat_s=cfg.orchestrator.heartbeat_s,
         host_cores=float(os.cpu_count() or 1), weights={k: float(v) for k, v in WEIGHTS.items()},
-        churn=[(3, a.churn, 2.0)], orchestrator_down=(6, 5.0), seed=a.seed,
+        churn=[(3, math.ceil(a.churn * a.workers) / a.workers, 2.0)],
+        orchestrator_down=(6, 5.0), seed=a.seed,
     )  # fmt: skip
 
 

@@ -114,15 +114,67 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
     )
 
 
-def measure(config: str, steps: int = 4, keep: Path | None = None) -> Costs:
+def measure(config: str, steps: int = 8, keep: Path | None = None) -> Costs:
     """Run `config` on this machine with one worker and one validator for `steps`
-    steps (loopback, a full core each), and read the costs from its records."""
+    steps (loopback, a full core each), and read the costs from its records; and
+    `idle_cores`, the CPU a worker process burns besides its files (heartbeats,
+    version polls, its threads): its CPU time from the first step to its exit
+    (/proc, sampled every 0.5 s), less its files' seconds, over that time."""
+    import time
+
     where = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="swarmrl-calibrate-"))
     argv = [sys.executable, "-m", "swarmrl", "rl", "--config", config, "--fresh",
             f"runs_dir={json.dumps(str(where))}", "name=calibrate", f"trainer.steps={steps}",
             "launcher.workers=1", "validator.count=1", "validator.enabled=true",
             "validator.sample_rate=1.0", "shardcast.relays=1", "launcher.eval_problems=0"]  # fmt: skip
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL)
-    if done.returncode != 0:
-        raise RuntimeError(f"the calibration run failed ({done.returncode}); logs in {where}")
-    return from_run(where / "calibrate")
+    run = where / "calibrate"
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    first: tuple[float, float] | None = None  # (time, worker CPU s) at the first step
+    last, since = (0.0, 0.0), 0.0
+    while proc.poll() is None:
+        time.sleep(0.5)
+        cpu = _worker_cpu_s(run)
+        if cpu is None:
+            continue
+        last = (time.monotonic(), cpu)
+        if first is None and (run / "metrics.jsonl").exists():
+            first, since = last, time.time()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the calibration run failed ({proc.returncode}); logs in {where}")
+    costs = from_run(run)
+    if first is not None and last[0] > first[0]:
+        files = _files_after(run, since)
+        spare = last[1] - first[1] - files * costs.file_s
+        costs.idle_cores = round(max(0.0, spare) / (last[0] - first[0]), 4)
+    return costs
+
+
+def _worker_cpu_s(run: Path) -> float | None:
+    """CPU seconds the run's worker processes have used (None: none is running)."""
+    import os
+
+    marker = f"{run}/nodes/worker-".encode()
+    total, seen = 0.0, False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker not in (entry / "cmdline").read_bytes():
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seen = True
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total if seen else None
+
+
+def _files_after(run: Path, since: float) -> int:
+    """Files the workers finished after wall-clock time `since` (their logs)."""
+    count = 0
+    for log in (run / "logs").glob("worker-*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            t = _stamp(line)
+            if FILE.search(line) and t is not None and t >= since:
+                count += 1
+    return count

@@ -24,7 +24,8 @@ What is modelled, as the code does it (orchestrator/work.py, trainer/loop.py):
   it for its next assignment; its weights lag is the time from publication to
   the download's end, as the SHARDCAST client logs it;
 - on one shared machine (`host_cores`, the emulated swarm on this machine) every
-  piece of compute shares those cores by weight, each node capped at its share;
+  piece of compute shares those cores by weight, each node capped at its share,
+  and every live worker also burns `idle_cores` (its heartbeats, polls, threads);
   otherwise every node computes on a device of its own;
 - events by step: workers joining late, workers killed and back after a pause,
   the orchestrator down for a while (no assignments, no submissions).
@@ -40,6 +41,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 import simpy
@@ -58,6 +60,7 @@ class Costs:
     version_mb: float  # what one version sends down the tree (full, or a patch)
     start_s: float = 0.0  # seconds from a worker's start to its asking for work
     fetch_s_per_mb: float = 0.0  # core-seconds a node spends per MB it downloads (checks)
+    idle_cores: float = 0.0  # what a worker process burns besides its files (heartbeats...)
     file_mb: float = 0.05  # one rollout file
     signal: float = 1.0  # share of groups with signal
     request_ms: float = 2.0  # the orchestrator's service time for one request
@@ -150,6 +153,7 @@ class _Run:
         self.validator_busy = 0.0
         self.orchestrator_up = True
         self.requests = 0
+        self.waiting: deque[simpy.Event] = deque()  # workers told "enough-work", in turn
         self.steps_done: list[tuple[float, float]] = []  # (end, update seconds)
         self.staleness: dict[str, int] = {}
         self.carry = 0
@@ -247,6 +251,7 @@ class _Run:
             self.published[self.step] = self.env.now
             self.env.process(self.broadcast(self.step))
             self.step += 1
+            self.wake()  # an older policy's work no longer counts
             if not self.new_version.triggered:
                 self.new_version.succeed()
             self.new_version = self.env.event()
@@ -261,9 +266,26 @@ class _Run:
             if f in self.accepted:
                 self.accepted.remove(f)
 
+    def wake(self) -> None:
+        """Room for more work: the waiting workers that it fits are let in, each after
+        the time until the first of the waiting ones heartbeats again (a heartbeat
+        every `heartbeat_s` at a random phase: on average heartbeat_s / (n + 1))."""
+        s = self.s
+        room = (s.max_pending_groups or s.batch_groups) - self.outstanding()
+        for _ in range(min(len(self.waiting), max(0, room // s.groups_per_file))):
+            wake = self.waiting.popleft()
+            delay = self.rng.uniform(0, 2 * s.heartbeat_s / (len(self.waiting) + 2))
+            self.env.process(self._later(wake, delay))
+
+    def _later(self, event: simpy.Event, delay: float):
+        yield self.env.timeout(delay)
+        if not event.triggered:
+            event.succeed()
+
     def finish(self, f: _File, state: str) -> None:
         if f.state in ("open", "on_the_way"):
             self.out[f.policy] -= f.groups
+            self.wake()
         if f in self.on_the_way:
             self.on_the_way.remove(f)
         f.state = state
@@ -289,9 +311,13 @@ class _Run:
                     node["changed"] = self.env.event()
                     yield node["changed"]
                     continue
-                self.requests += 1
-                if not self.orchestrator_up or self.outstanding() > limit:
+                if not self.orchestrator_up:
                     yield self.env.timeout(s.heartbeat_s)
+                    continue
+                if self.outstanding() > limit:
+                    wake = self.env.event()  # "enough-work": asks again when room frees
+                    self.waiting.append(wake)
+                    yield wake
                     continue
                 f = _File(node["version"], s.groups_per_file)
                 self.out[f.policy] = self.out.get(f.policy, 0) + f.groups
@@ -318,18 +344,27 @@ class _Run:
                 f = node.pop("file", None)
                 if f is not None and f.state == "open":
                     self.out[f.policy] -= f.groups  # orphaned, then given to another
+                    self.wake()
                     f.state = "orphaned"
                 self.cancel(node.pop("job", None))
+                self.cancel(node.pop("idle", None))
                 if why.cause == "done":
                     return
                 node["alive"] = False
                 yield from self.restart(node, why.cause)
+
+    def idle(self, node: dict) -> None:
+        """On a shared machine, a live worker burns `idle_cores` besides its files."""
+        if self.cpu is not None and self.c.idle_cores > 0:
+            weight = self.s.weights.get(node["role"], 1024.0)
+            node["idle"] = self.cpu.use(math.inf, cap=self.c.idle_cores, weight=weight)
 
     def restart(self, node: dict, down_s: float):
         """A worker that was away `down_s` starts (`start_s`), takes the newest version."""
         node["file"] = None
         yield self.env.timeout(down_s + self.c.start_s)
         node["alive"] = True
+        self.idle(node)
         node["version"] = -math.inf
         node["changed"] = self.env.event()
         newest = max(self.published)
@@ -381,6 +416,8 @@ def simulate(swarm: Swarm, costs: Costs) -> Outcome:
             node = {"mbit": w.mbit, "version": 0, "cores": w.cores, "speed": w.speed,
                     "role": "worker", "alive": True, "changed": env.event(), "file": None}  # fmt: skip
             run.holders.append(node)
+            if w.join_step == 0:
+                run.idle(node)
             proc = env.process(run.worker(w, node))
             run.procs.append(proc)
             workers.append((w, node, proc))
@@ -397,7 +434,9 @@ def simulate(swarm: Swarm, costs: Costs) -> Outcome:
     busy = sum(u for _, u in run.steps_done[1:])
     gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     files = {k: run.files.get(k, 0) for k in ("generated", "trained", "stale", "dropped_no_signal")}
-    req_s = run.requests / env.now if env.now else 0.0
+    nodes = sum(w.count for w in swarm.workers) + swarm.validators
+    heartbeats = nodes * env.now / swarm.heartbeat_s
+    req_s = (run.requests + heartbeats) / env.now if env.now else 0.0
     return Outcome(
         steps=len(ends),
         wall_s=round(env.now, 1),
