@@ -16,8 +16,9 @@ What is modelled, as the code does it (orchestrator/work.py, trainer/loop.py):
   waits for one of the validators (`validate_s` core-seconds each), the rest are
   accepted at once;
 - each published version goes down the relay tree: the first level fetches it
-  from the origin, each later level from the level above (store and forward per
-  level), and every worker and validator from the last level, each transfer on
+  from the origin, each later level from the level above, and every worker and
+  validator from the last level, all at once (relays pass shards on as they
+  arrive: a level ends no sooner than the one above it), each transfer on
   the sender's uplink (one pool per level) and capped by the receiver's link
   (plan/fluid.py), while the node's CPU checks what arrives (`fetch_s_per_mb`
   core-seconds per MB); a node then takes it in (`load_s` core-seconds) and works on
@@ -191,24 +192,35 @@ class _Run:
     # the tree
 
     def broadcast(self, version: int):
+        """Every level fetches at once: a relay serves shards while they arrive
+        (shardcast/relay.py), so a level ends no sooner than its own transfers and
+        the level above it, whichever ends last."""
         t0 = self.env.now
         mb = self.c.version_mb
+        above = None
         for level, n in enumerate(self.s.relays, start=1):
             if not n:
                 continue
-            yield simpy.AllOf(
-                self.env, [self.fetch(level - 1, mb, self.s.relay_mbit) for _ in range(n)]
-            )
-            self.lags.setdefault(str(level), []).extend([self.env.now - t0] * n)
+            own = [self.fetch(level - 1, mb, self.s.relay_mbit) for _ in range(n)]
+            above = simpy.AllOf(self.env, own + ([above] if above is not None else []))
+            self.env.process(self._level_lag(str(level), n, above, t0))
         last = len(self.pools) - 1
         for node in list(self.holders):
             if node["alive"]:
-                self.env.process(self.take(node, version, last, t0))
+                self.env.process(self.take(node, version, last, t0, above))
+        yield self.env.timeout(0)
 
-    def take(self, node: dict, version: int, level: int, t0: float | None):
+    def _level_lag(self, level: str, n: int, done: simpy.Event, t0: float):
+        yield done
+        self.lags.setdefault(level, []).extend([self.env.now - t0] * n)
+
+    def take(self, node: dict, version: int, level: int, t0: float | None, above=None):
         cpu = self.c.version_mb * self.c.fetch_s_per_mb  # side by side with the transfer
-        yield simpy.AllOf(self.env, [self.fetch(level, self.c.version_mb, node["mbit"]),
-                                     self.compute(cpu, node["cores"], node["role"], node["speed"])])  # fmt: skip
+        parts = [self.fetch(level, self.c.version_mb, node["mbit"]),
+                 self.compute(cpu, node["cores"], node["role"], node["speed"])]  # fmt: skip
+        if above is not None and not above.processed:
+            parts.append(above)  # its relays cannot finish before their own upstream
+        yield simpy.AllOf(self.env, parts)
         if t0 is not None:  # a version broadcast, not one fetched on (re)joining
             self.lags.setdefault("nodes", []).append(self.env.now - t0)
         yield self.compute(self.c.load_s, node["cores"], node["role"], node["speed"])
@@ -235,6 +247,7 @@ class _Run:
                     self.files["dropped_no_signal"] += f.groups - signal
                     have += signal
                     used.append(f)
+                    self.consume(f)  # read: no longer out (the orchestrator's `consumed`)
                     if have >= s.batch_groups:
                         break
                 if have < s.batch_groups:
@@ -281,6 +294,13 @@ class _Run:
         yield self.env.timeout(delay)
         if not event.triggered:
             event.succeed()
+
+    def consume(self, f: _File) -> None:
+        if f.state == "on_the_way":
+            self.out[f.policy] -= f.groups
+            self.on_the_way.remove(f)
+            f.state = "consumed"
+            self.wake()
 
     def finish(self, f: _File, state: str) -> None:
         if f.state in ("open", "on_the_way"):

@@ -14,14 +14,17 @@ What is measured and what is assumed (none of it ran on a GPU here):
 | a validator's check | 1/8 of the file's generation (prefill only) | assumed; sample rate 0.25 |
 | the orchestrator | 2 ms per request | bench/orchestrator_load.py's order of magnitude |
 | relays | 1 Gbit/s each, the origin 1 Gbit/s | assumed |
+| batch | 256 groups, work cap one batch, async_level 2 | as the emulated swarm |
 
-The validators are sized by the model: the fewest (of 1, 2, 4, ... 64) for which
-the busiest stays under 80% of its time.
+Relays are sized by the model: the tree grows (8, 16, 32, ... relays on its last
+level, the same fan-out at every level) until the workers' weights lag p50 is
+within one update, or to the size with the least lag where none is. Validators: enough to keep the checks under 80% of their time.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from swarmrl.plan.model import Costs, Outcome, Swarm, Workers, simulate
@@ -30,8 +33,9 @@ PARAMS_32B = 32.8e9
 PATCH_RATIO = 14.0  # docs/results.md: full / patch at lr 2e-5
 TOKENS_PER_FILE = 2 * 16 * 4000
 WORKER_TOKENS_PER_S = 1000.0
-TREES = {1: [8], 2: [4, 16], 3: [2, 8, 32]}
+TREES = (1, 2, 3)  # levels
 LINK_MIXES = {"100 Mbit/s - 1 Gbit/s": (100.0, 300.0, 1000.0), "1 Gbit/s": (1000.0,)}
+LAG_GOAL = 1.0  # the workers' weights lag p50, in trainer updates
 
 
 def costs() -> Costs:
@@ -43,38 +47,64 @@ def costs() -> Costs:
     )  # fmt: skip
 
 
-def swarm(workers: int, links: tuple[float, ...], levels: int, validators: int) -> Swarm:
+def swarm(workers: int, links: tuple[float, ...], relays: list[int]) -> Swarm:
     kinds: dict[tuple[float, float], int] = {}
     for i in range(workers):
         kind = (links[i % len(links)], (0.5, 1.0, 2.0)[i % 3])
         kinds[kind] = kinds.get(kind, 0) + 1
     return Swarm(
         workers=[Workers(n, mbit, speed=s) for (mbit, s), n in kinds.items()],
-        steps=6, batch_groups=256, groups_per_file=2, async_level=2,
-        max_pending_groups=256, relays=TREES[levels], relay_mbit=1000.0,
-        origin_mbit=1000.0, validators=validators, validator_mbit=1000.0,
+        steps=4, batch_groups=256, groups_per_file=2, async_level=2,
+        max_pending_groups=256, relays=relays, relay_mbit=1000.0,
+        origin_mbit=1000.0, validators=64, validator_mbit=1000.0,
         sample_rate=0.25, heartbeat_s=10.0,
     )  # fmt: skip
 
 
-def sized(workers: int, links: tuple[float, ...], levels: int) -> tuple[int, Outcome]:
-    validators = 1
-    while True:
-        out = simulate(swarm(workers, links, levels, validators), costs())
-        if out.validator_use < 0.8 or validators >= 64:
-            return validators, out
-        validators *= 2
+def tree(last: int, levels: int) -> list[int]:
+    """Relays per level for `last` relays on the last level: the same fan-out at
+    every level (last ** (1 / levels))."""
+    return [max(1, round(last ** (k / levels))) for k in range(1, levels + 1)]
+
+
+def sized(workers: int, links: tuple[float, ...], levels: int) -> tuple[list[int], Outcome]:
+    """The smallest tree (8, 16, 32, ... 1,024 relays on its last level) that brings
+    the workers' weights lag p50 within `LAG_GOAL` updates, or, if none does, the one
+    with the least lag (more relays also load the level above them more); and the
+    model's outcome with it."""
+    best: tuple[list[int], Outcome] | None = None
+    last = 8
+    while last <= 1024:
+        relays = tree(last, levels)
+        out = simulate(swarm(workers, links, relays), costs())
+        lag = out.weights_lag_s["nodes"]["p50"]
+        if best is None or lag < best[1].weights_lag_s["nodes"]["p50"]:
+            best = (relays, out)
+        if lag <= LAG_GOAL * costs().train_s:
+            break
+        last *= 2
+    assert best is not None
+    return best
+
+
+def validators_needed(out: Outcome) -> int:
+    """Validators that keep the checks under 80% of their time: checked files per
+    second times a check's seconds, over 0.8."""
+    c = costs()
+    rate = out.files["generated"] / out.wall_s * 0.25  # the sample rate of `swarm`
+    return max(1, math.ceil(rate * c.validate_s * 2 / c.groups / 0.8))
 
 
 def rows() -> list[dict]:
     got = []
-    for workers in (100, 300, 1000):
+    for workers in (100, 1000):
         for mix, links in LINK_MIXES.items():
             for levels in TREES:
-                validators, o = sized(workers, links, levels)
+                relays, o = sized(workers, links, levels)
                 got.append({
                     "workers": workers, "links": mix, "levels": levels,
-                    "relays": sum(TREES[levels]), "validators": validators,
+                    "relays": "+".join(str(n) for n in relays),
+                    "validators": validators_needed(o),
                     "lag_p50_s": o.weights_lag_s["nodes"]["p50"],
                     "lag_p99_s": o.weights_lag_s["nodes"]["p99"],
                     "origin_gb_per_version": round(o.origin_mb / 1e3 / o.steps, 1),
@@ -109,9 +139,10 @@ def _figure(got: list[dict], path: Path) -> None:
             sel = [r for r in got if r["links"] == mix and r["levels"] == levels]
             label = f"{mix}, {levels} level{'s' if levels > 1 else ''}"
             xs = [r["workers"] for r in sel]
-            ax[0].plot(xs, [r["lag_p50_s"] for r in sel], marker="o", label=label)
+            total = [sum(int(n) for n in r["relays"].split("+")) for r in sel]
+            ax[0].plot(xs, total, marker="o", label=label)
             ax[1].plot(xs, [r["trainer_busy"] for r in sel], marker="o", label=label)
-    ax[0].set(xscale="log", xlabel="workers", ylabel="weights lag p50 (s)")
+    ax[0].set(xscale="log", yscale="log", xlabel="workers", ylabel="relays needed (all levels)")
     ax[1].set(xscale="log", xlabel="workers", ylabel="trainer busy fraction", ylim=(0, 1))
     ax[0].legend(fontsize=7)
     fig.suptitle("INTELLECT-2-like runs (32B, patches), projected by swarmrl plan")

@@ -4,6 +4,7 @@ law), costs read from a run's records, and the CLI's errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 
@@ -52,9 +53,15 @@ def test_the_model_trains_every_step_and_times_the_tree():
     assert out.files["trained"] == 5 * 8 // 2
     # 10 MB at 10 MB/s from the origin to the one relay
     assert out.weights_lag_s["1"]["p50"] == pytest.approx(1.0)
-    # then 9 nodes share the relay's 10 MB/s: 9 s more, all finishing together
-    assert out.weights_lag_s["nodes"]["p50"] == pytest.approx(10.0)
+    # meanwhile 9 nodes share the relay's 10 MB/s (it passes shards on as they arrive):
+    # 9 s, all finishing together, after the relay has all of it
+    assert out.weights_lag_s["nodes"]["p50"] == pytest.approx(9.0)
     assert out.origin_mb == pytest.approx(10.0 * 5)
+    # an origin of 1 MB/s: the relay has it after 10 s, and so do the nodes, not sooner
+    slow = simulate(
+        dataclasses.replace(swarm, origin_mbit=8.0), Costs(**{**COSTS.__dict__, "train_s": 30.0})
+    )
+    assert slow.weights_lag_s["nodes"]["p50"] == pytest.approx(10.0)
     assert out.trainer_busy_fraction == pytest.approx(1.0)  # files come in during each update
 
 
@@ -126,3 +133,11 @@ def test_the_cli_plans_from_a_costs_file_and_names_bad_input(tmp_path, capsys):
     assert "one of --costs" in capsys.readouterr().err
     assert main(["plan", "--costs", str(tmp_path / "none.json")]) != 0
     assert "none.json" in capsys.readouterr().err
+
+
+def test_projected_trees_keep_one_fan_out_per_level():
+    from swarmrl.plan.project import tree
+
+    assert tree(64, 1) == [64]
+    assert tree(64, 2) == [8, 64]
+    assert tree(8, 3) == [2, 4, 8]
