@@ -49,6 +49,10 @@ def test_forged_logprobs_are_bounded_flagged_and_then_validated(tiny_model, tmp_
         tmp_path, tiny_model, "trainer.steps=1000", "validator.sample_rate=1e-4",
         "validator.mismatch_window=200",
         "trainer.is_correction=\"token_tis\"", "trainer.is_cap=2.0",
+        # the forger is a stranger to the launcher: with no probation its files are drawn
+        # for checks at the sample rate, as a proven node's are (probation checks every
+        # file: test_orchestrator_admission.py)
+        "orchestrator.probation_files=0",
     )  # fmt: skip
     cmd[4:4] = ["--cheaters", "1", "--cheats", "forged-logprobs"]
     run = tmp_path / "runs" / "tiny"

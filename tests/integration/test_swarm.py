@@ -310,6 +310,7 @@ def test_cheaters_are_rejected_and_training_goes_on(tiny_model, tmp_path):
         "orchestrator.range_share=1", "worker.max_pending_groups=104",
         'model.publish_dtype="bfloat16"',
         "shardcast.patch_max_fraction=1.0", "validator.logprob_tolerance=0.01",
+        "orchestrator.work_slack_steps=0",  # a node a version behind works too (13 nodes)
     )  # fmt: skip
     cmd[4:4] = ["--cheaters", str(len(CHEATS)), "--cheats", ",".join(CHEATS)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -157,7 +157,8 @@ def test_trained_files_stay_for_the_viewer_then_go(tmp_path):
 def test_a_lost_announce_and_a_resume_leave_no_trained_file_behind(tmp_path):
     """Deletion follows what was deleted, not the versions announced: version 4's announce
     is lost, the trainer resumes at 4, and the next version still deletes step 2's file."""
-    o = Orch(tmp_path, "orchestrator.keep_trained_steps=2")
+    # a file of step 2 at policy 0: the slack rule (work_slack_steps) would refuse it
+    o = Orch(tmp_path, "orchestrator.keep_trained_steps=2", "orchestrator.work_slack_steps=0")
     w = o.worker("w")
     o.register(w)
     o.open_step(2, 0)
