@@ -36,12 +36,15 @@ def cpu_by_role(cpu: dict[tuple[str, int], float]) -> dict[str, float]:
     return dict(sorted(roles.items()))
 
 
-def histogram(text: str, route: str | None = None) -> tuple[dict[float, float], float]:
-    """The API latency histogram's cumulative buckets over all routes (or `route`'s),
-    and its count."""
+def histogram(
+    text: str, route: str | None = None, name: str = "swarmrl_service_seconds"
+) -> tuple[dict[float, float], float]:
+    """A time histogram's cumulative buckets over all routes (or `route`'s), and its
+    count: the service time (orchestrator/asgi.py: from the request whole to its
+    answer), or with `name="swarmrl_request_seconds"` from its headers on."""
     buckets: dict[float, float] = {}
     for line in text.splitlines():
-        m = re.match(r"swarmrl_request_seconds_bucket\{([^}]*)\} ([\d.e+]+)", line)
+        m = re.match(name + r"_bucket\{([^}]*)\} ([\d.e+]+)", line)
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m[1])) if m else {}
         if m and (route is None or labels.get("route") == route):
             le = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
@@ -49,22 +52,22 @@ def histogram(text: str, route: str | None = None) -> tuple[dict[float, float], 
     return buckets, buckets.get(float("inf"), 0.0)
 
 
-def routes(scrapes: list[dict]) -> dict[str, float | None]:
+def routes(scrapes: list[dict], name: str = "swarmrl_service_seconds") -> dict[str, float | None]:
     """p99 per route over the orchestrator's last life (where a slow p99 comes from)."""
     if not scrapes:
         return {}
     text = scrapes[-1]["text"]
-    names = sorted(set(re.findall(r'swarmrl_request_seconds_bucket\{[^}]*route="([^"]+)"', text)))
-    return {r: quantile(histogram(text, r)[0], 0.99) for r in names}
+    names = sorted(set(re.findall(name + r'_bucket\{[^}]*route="([^"]+)"', text)))
+    return {r: quantile(histogram(text, r, name)[0], 0.99) for r in names}
 
 
-def p99_ms(scrapes: list[dict]) -> float | None:
+def p99_ms(scrapes: list[dict], name: str = "swarmrl_service_seconds") -> float | None:
     """p99 over every lifetime of the orchestrator: the last scrape before each restart
     (a count that drops is a restart), summed; the 99th percentile read off the
     buckets (orchestrator/asgi.py: 10 ms apart from 10 to 50 ms)."""
     lives, last = [], None
     for s in scrapes:
-        h, n = histogram(s["text"])
+        h, n = histogram(s["text"], name=name)
         if last is not None and n < last[1]:
             lives.append(last)
         last = (h, n)

@@ -37,7 +37,10 @@ Definitions:
   first step to its last;
 - `weights_lag_s`: per level (1 and on: relays; "nodes": workers and validators),
   p50 and p99 of the seconds from a version's publication to a node holding it;
-- `orchestrator_p99_ms`: read off the histogram's buckets, linear within one.
+- `orchestrator_p99_ms`: the orchestrator's service time (from a request being whole
+  to its answer, `swarmrl_service_seconds`), read off the histogram's buckets, linear
+  within one; `orchestrator_request_p99_ms` adds the wait for each request's body
+  over its client's link (`swarmrl_request_seconds`, from its headers on).
 
 With `--costs F` (from `swarmrl plan --calibrate --save-costs F`) the JSON also holds
 the planner's prediction of this run (`plan`). Needs root and network namespaces:
@@ -66,6 +69,7 @@ import swarm_records as records  # noqa: E402  (bench/, beside this file)
 
 from swarmrl.sim import netns  # noqa: E402
 
+REQUEST = "swarmrl_request_seconds"  # from a request's headers, body wait included
 CHEATS = ["inflated-reward", "wrong-seed", "forged-logprobs", "other-model", "truncate"]
 LINKS = (10, 50, 100)  # Mbit/s, the workers' in turn
 # cpu.shares by role: every node competes inside the run's cgroup. The orchestrator,
@@ -279,8 +283,10 @@ def main() -> int:
     cfg = load_config(config, overrides)
     links = {f"worker-{i}": LINKS[i % len(LINKS)] for i in range(honest)}
     links |= {f"cheater-{i}": LINKS[i % len(LINKS)] for i in range(a.cheaters)}
-    # relays are rented servers on 1 Gbit/s; the trainer (origin) is on 100 Mbit/s
-    links |= {"relay": 1000, "trainer": 100, "orchestrator": 100, "validator": 100}
+    # relays and the orchestrator (which serves the object store: every file crosses
+    # its link three times) are rented servers on 1 Gbit/s; the trainer (origin) is on
+    # 100 Mbit/s
+    links |= {"relay": 1000, "trainer": 100, "orchestrator": 1000, "validator": 100}
     layout = Layout(links=links, cpus={"worker": a.worker_cpu, "cheater": a.worker_cpu},
                     weights=WEIGHTS, fanout=max(1, a.relays // (2 ** (a.levels - 1))),
                     levels=a.levels)  # fmt: skip
@@ -350,6 +356,8 @@ def main() -> int:
         "bytes_delivered": int(delivered_mb * 1e6),
         "orchestrator_p99_ms": records.p99_ms(chaos.scrapes),
         "orchestrator_p99_ms_by_route": records.routes(chaos.scrapes),
+        "orchestrator_request_p99_ms": records.p99_ms(chaos.scrapes, REQUEST),
+        "orchestrator_request_p99_ms_by_route": records.routes(chaos.scrapes, REQUEST),
         "validator_backlog_max": records.backlog(chaos.scrapes),
         "cpu_s_by_role": records.cpu_by_role(chaos.cpu),
         "staleness_histogram": staleness,

@@ -231,7 +231,9 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     if isinstance(svc.objects, LocalObjectStore):
         _object_routes(app, svc, svc.objects)
     app.add_middleware(BodyLimit, limit=svc.cfg.orchestrator.max_request_bytes)
-    app.add_middleware(Measure, requests=metrics.requests, latency=metrics.latency)
+    app.add_middleware(
+        Measure, requests=metrics.requests, latency=metrics.latency, service=metrics.service
+    )
     app.openapi = lambda: _with_security(app)
     return app
 

@@ -136,12 +136,18 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
             # training step, and the trainer, not the node, decides when.
             cur.execute("UPDATE assignments SET state = 'orphaned' WHERE counter = ?", (row[0],))
         answer["wait"] = _why_wait(cfg, run, policy_version)
+        probation = admission.on_probation(svc, cur, key)
         newest_usable = max(1, cfg.async_level - cfg.orchestrator.work_slack_steps)
-        if answer["wait"] is None and run["step"] - policy_version > newest_usable:
+        # a file on probation is for its verdict, which comes even when it is late for
+        # training (mark_stale): a node on a slow link is judged all the same
+        if (
+            answer["wait"] is None
+            and not probation
+            and run["step"] - policy_version > newest_usable
+        ):
             answer["wait"] = "stale-policy"  # its file could only make the batch being filled
         if answer["wait"] is None and admission.cooldown_left(svc, cur, key, now) > 0:
             answer["wait"] = "cooldown"  # it let assignments expire: admission.py
-        probation = admission.on_probation(svc, cur, key)
         groups = cfg.worker.groups_per_file
         if answer["wait"] is None:
             oldest = run["step"] - cfg.async_level
@@ -282,12 +288,29 @@ def submit(svc: Service, key: str, object_key: str, sha256: str) -> dict:
 
 
 def mark_stale(svc: Service, cur) -> None:
+    """Files too old to train (policy before step - async_level) become stale and their
+    objects go, but for a file of a node on probation one version older that is still
+    on its way to a validator: its verdict is what probation is for, and validators
+    hold that version (they keep async_level + 2, validator/loop.py). Judged, it is
+    stale (accepted: it counts for the node, not for training) or the node is ejected."""
     run = run_state(svc, cur)
     if run["step"] is None:
         return
+    cut = run["step"] - svc.cfg.async_level
+    held = [
+        k
+        for k, node in cur.execute(
+            "SELECT key, node FROM files WHERE state IN ('uploading', 'pending') AND policy = ?",
+            (cut - 1,),
+        ).fetchall()
+        if admission.on_probation(svc, cur, node)
+    ]
+    marks = ", ".join("?" * len(held))
     rows = cur.execute(
-        "UPDATE files SET state = 'stale' WHERE state IN (?, ?, ?) AND policy < ? RETURNING key",
-        (*ON_THE_WAY, run["step"] - svc.cfg.async_level),
+        "UPDATE files SET state = 'stale' WHERE state IN (?, ?, ?) AND policy < ?"
+        + (f" AND key NOT IN ({marks})" if held else "")
+        + " RETURNING key",
+        (*ON_THE_WAY, cut, *held),
     ).fetchall()
     for (k,) in rows:
         svc.objects.delete(k)

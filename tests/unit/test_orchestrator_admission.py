@@ -279,3 +279,50 @@ def _key(home):
     from swarmrl.protocol.identity import load_or_create_key
 
     return load_or_create_key(home / "node.key")
+
+
+@pytest.mark.parametrize("honest", [True, False])
+def test_a_slow_node_on_probation_gets_work_and_a_verdict_when_its_file_is_late(tmp_path, honest):
+    """At async_level 2, a node one version behind (a slow link) waits under the slack
+    rule once proven, but not on probation: its first files are for its verdict. Its
+    file, too late to train by the time it lands, stays for a validator one version
+    past the cut: accepted, it proves the node and is stale (never trained); caught,
+    the node is ejected. A version further on, an unjudged one is stale as any other."""
+    o = Orch(tmp_path, *PROBATION, "async_level=2")
+    slow, proven = o.worker("slow"), o.worker("proven")
+    o.register(slow)
+    o.open_step(3, 2)
+    a = o.assignment(slow, 1)
+    assert a["wait"] is None and a["assignment"]["policy_step"] == 1
+    o.open_step(4, 3)  # the trainer moves on: policy 1 is now one version past the cut
+    o.upload(slow, a["assignment"]["counter"], b"late probation file")
+    state = o.svc.db.one("SELECT state FROM files WHERE node = ?", (pubhex(slow),))
+    assert state == [("pending",)]
+    f = o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 10})["file"]
+    assert f is not None and f["node"] == pubhex(slow)
+    v = Verdict(f["key"], f["sha256"], f["node"], f["assignment"]["step"],
+                f["assignment"]["policy_step"], honest, check="" if honest else "logprobs",
+                reason="" if honest else "forged")  # fmt: skip
+    o.ok(o.validator, "POST", "/v1/validation/verdict",
+         {"verdict": dataclasses.asdict(v.signed(o.validator))})  # fmt: skip
+    assert o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 4})["files"] == []
+    state = o.svc.db.one("SELECT state FROM files WHERE node = ?", (pubhex(slow),))
+    node = o.ledger()[pubhex(slow)]
+    if honest:
+        assert state == [("stale",)] and node["state"] != "ejected"
+        with o.svc.db.tx() as cur:
+            assert admission.proven(cur, pubhex(slow)) == 1
+    else:
+        assert state == [("rejected",)] and node["state"] == "ejected"
+    if honest:  # still on probation (1 of 2): a file two versions past the cut is stale
+        b = o.assignment(slow, 2)["assignment"]
+        o.open_step(6, 5)
+        o.upload(slow, b["counter"], b"later probation file")
+        assert o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 10})["file"] is None
+        state = o.svc.db.one("SELECT state FROM files WHERE counter = ?", (b["counter"],))
+        assert state == [("stale",)]
+    # proven, the slack rule holds: one version behind, a node waits
+    o2 = Orch(tmp_path / "b", "async_level=2")  # no probation: every node is proven
+    o2.register(proven)
+    o2.open_step(3, 2)
+    assert o2.assignment(proven, 1)["wait"] == "stale-policy"

@@ -7,6 +7,7 @@ as distinct machines would."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -336,3 +337,50 @@ def test_a_forwarded_for_header_does_not_move_the_caller_to_another_range(served
     assert r.status_code == 200, r.text
     net = o.svc.db.one("SELECT net FROM nodes WHERE key = ?", (public_key_hex(key),))
     assert net == [("127.0.0.1/32",)]
+
+
+def test_a_body_held_up_on_the_clients_link_counts_in_latency_not_in_service(served):
+    """A signed heartbeat whose body arrives 0.4 s after its headers (a worker's body
+    queued behind its own file upload on a slow link): `swarmrl_request_seconds` holds
+    the wait, `swarmrl_service_seconds` (the orchestrator's own time) does not."""
+    import json
+
+    from swarmrl.protocol.signing import sign_request
+
+    o = served.orch
+    key = o.worker("slow-link")
+    o.register(key)
+    o.open_step(0, 0)
+    body = json.dumps({"policy_version": 0, "want_work": False}).encode()
+    path = "/v1/nodes/heartbeat"
+    signed = sign_request(key, o.svc.run_id, "POST", path, body, now=o.clock())
+    head = f"POST {path} HTTP/1.1\r\nHost: o\r\nConnection: close\r\nContent-Type: application/json\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in signed.items())
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    s = served.connect()
+    try:
+        s.sendall(head.encode())
+        time.sleep(0.4)
+        s.sendall(body)
+        reply = answer(s)
+    finally:
+        s.close()
+    assert reply.startswith(b"HTTP/1.1 200 "), reply[:200]
+    s = served.connect("127.0.0.3")
+    try:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: o\r\nConnection: close\r\n\r\n")
+        text = answer(s).decode()
+    finally:
+        s.close()
+
+    def sums(name: str) -> tuple[float, float]:
+        found = re.search(rf'^{name}_sum\{{route="{path}"\}} (\S+)$', text, re.M)
+        count = re.search(rf'^{name}_count\{{route="{path}"\}} (\S+)$', text, re.M)
+        assert found and count, f"no {name} for {path} in /metrics"
+        return float(found[1]), float(count[1])
+
+    latency, n = sums("swarmrl_request_seconds")
+    service, m = sums("swarmrl_service_seconds")
+    assert n == m == 1
+    assert latency >= 0.4, latency
+    assert service < 0.2, service  # the heartbeat itself: a few ms
