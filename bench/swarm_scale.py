@@ -275,6 +275,11 @@ def main() -> int:
         f"validator.count={a.validators}", "validator.enabled=true",
         "orchestrator.range_share=1",  # all nodes share one emulated /15; ranges: test_orchestrator_ranges.py
         "launcher.max_worker_restarts=10",
+        # the proof of work costs 2 s of one of the orchestrator's cores by default: a
+        # node here has a quarter of a core (--worker-cpu), less while 35 processes load
+        # their model at once, and took up to 275 s for it (one cheater never finished
+        # in 6 minutes); scaled like the node, it is the same 2 s of the node's own time
+        f"orchestrator.register_work_s={2.0 * a.worker_cpu}",
         # many slow workers: small files, and as much work out as async_level allows
         f"worker.groups_per_file={a.groups_per_file}",
     ]  # fmt: skip

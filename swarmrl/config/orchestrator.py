@@ -218,7 +218,8 @@ class OrchestratorConfig(Section):
         description="New work goes only to a node whose policy leaves its file this many "
         "steps before it would be stale (at least one step within async_level is always "
         "allowed): a file begun at the oldest usable policy can only make the batch being "
-        "filled, and in the emulated swarm 93% of those went stale. 0: any usable policy.",
+        "filled, and in the emulated swarm 93% of those went stale. Not for a node on "
+        "probation (its file is for its verdict). 0: any usable policy.",
     )
     assignment_s: float = Field(
         600.0,

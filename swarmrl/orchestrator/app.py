@@ -258,7 +258,7 @@ def _public_routes(app: FastAPI, svc: Service, prometheus: Metrics) -> None:
     @app.get("/v1/run/servers")
     def run_servers() -> dict:
         """The SHARDCAST servers advertised now (nodes refresh their list from it)."""
-        with svc.db.tx() as cur:
+        with svc.db.read() as cur:
             return {"servers": work.servers(svc, cur)}
 
     @app.get("/v1/run/dataset", responses={404: {"description": "The run has no dataset file"}})

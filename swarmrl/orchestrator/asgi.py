@@ -137,7 +137,7 @@ class Metrics:
 
     def exposition(self, svc: Service) -> Response:
         """The metrics in Prometheus' text format, with the state counts read now."""
-        with svc.db.tx() as cur:
+        with svc.db.read() as cur:
             ns = dict(cur.execute("SELECT state, COUNT(*) FROM nodes GROUP BY state").fetchall())
             fs = dict(cur.execute("SELECT state, COUNT(*) FROM files GROUP BY state").fetchall())
         for s in nodes.STATES:

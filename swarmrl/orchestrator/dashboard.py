@@ -156,7 +156,7 @@ def record_evaluation(svc: Service, name: str, step: int, result: dict) -> dict:
 def run_view(svc: Service, after: int) -> dict:
     """The run's settings, state, metrics rows past `after`, held-out scores and ETA."""
     cfg = svc.cfg
-    with svc.db.tx() as cur:
+    with svc.db.read() as cur:
         run = work.run_state(svc, cur)
         rows = cur.execute(
             "SELECT step, time, row FROM run_metrics WHERE step > ? ORDER BY step", (after,)
@@ -195,7 +195,7 @@ def swarm_view(svc: Service) -> dict:
     heartbeat, policy version and weights lag; the relays and the versions they hold."""
     ledger = work.ledger(svc)
     now = svc.clock()
-    with svc.db.tx() as cur:
+    with svc.db.read() as cur:
         hw = dict(cur.execute("SELECT key, hardware FROM nodes").fetchall())
         urls = dict(cur.execute("SELECT key, url FROM nodes WHERE role = 'relay'").fetchall())
         paces = {n["key"]: measured_pace(cur, n["key"]) for n in ledger["nodes"]}
@@ -251,7 +251,7 @@ def _lag(svc: Service, version: int | None, newest: int | None, now: float) -> f
 def verdicts_view(svc: Service) -> dict:
     """The newest verdicts (with the failing check) and ledger events (ejections,
     slashes, suspects, stakes)."""
-    with svc.db.tx() as cur:
+    with svc.db.read() as cur:
         files = cur.execute(
             "SELECT key, node, step, policy, state, check_name, reason, validator, verdict,"
             " counter FROM files WHERE checked = 1 AND verdict IS NOT NULL"
@@ -287,7 +287,7 @@ def verdicts_view(svc: Service) -> dict:
 def files_view(svc: Service, step: int | None) -> dict:
     """The files of `step` (the newest step with files when None), with node, policy,
     staleness, state, the verdict's check, and the step's difficulty level."""
-    with svc.db.tx() as cur:
+    with svc.db.read() as cur:
         steps = [s for (s,) in cur.execute(
             "SELECT DISTINCT step FROM files ORDER BY step DESC LIMIT 1000"
         ).fetchall()]  # fmt: skip
@@ -311,7 +311,7 @@ def files_view(svc: Service, step: int | None) -> dict:
 
 def rollout_view(svc: Service, key: str) -> dict:
     """The samples of one rollout file, read back from the object store."""
-    with svc.db.tx() as cur:
+    with svc.db.read() as cur:
         row = cur.execute(
             "SELECT node, step, policy, state, check_name, reason, verdict FROM files"
             " WHERE key = ?",

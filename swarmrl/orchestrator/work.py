@@ -333,7 +333,7 @@ def ledger(svc: Service) -> dict:
     """Every node with its state, stake, file counts, suspect flag and mean mismatch KL
     over the window ending at the last step the trainer reported (unchecked and checked
     files, None without tokens); `mismatch`: that window and its reference KL."""
-    with svc.db.tx() as cur:
+    with svc.db.read() as cur:
         nodes = cur.execute(
             "SELECT key, role, state, stake, slashed, reason, last_seen, hardware FROM nodes"
             " ORDER BY registered"

@@ -114,9 +114,14 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
     )
 
 
-def measure(config: str, steps: int = 8, keep: Path | None = None) -> Costs:
+def measure(
+    config: str, steps: int = 8, keep: Path | None = None, groups_per_file: int = 2
+) -> Costs:
     """Run `config` on this machine with one worker and one validator for `steps`
-    steps (loopback, a full core each), and read the costs from its records; and
+    steps (loopback, a full core each), with files of `groups_per_file` groups (the
+    size the model's swarm uses: a file's cost has a fixed part, so costs measured on
+    files of 8 groups and scaled to 2 were a quarter of what files of 2 cost), and
+    read the costs from its records; and
     `idle_cores`, the CPU a worker process burns besides its files (heartbeats,
     version polls, its threads): its CPU time from the first step to its exit
     (/proc, sampled every 0.5 s), less its files' seconds, over that time."""
@@ -126,7 +131,8 @@ def measure(config: str, steps: int = 8, keep: Path | None = None) -> Costs:
     argv = [sys.executable, "-m", "swarmrl", "rl", "--config", config, "--fresh",
             f"runs_dir={json.dumps(str(where))}", "name=calibrate", f"trainer.steps={steps}",
             "launcher.workers=1", "validator.count=1", "validator.enabled=true",
-            "validator.sample_rate=1.0", "shardcast.relays=1", "launcher.eval_problems=0"]  # fmt: skip
+            "validator.sample_rate=1.0", "shardcast.relays=1", "launcher.eval_problems=0",
+            f"worker.groups_per_file={groups_per_file}"]  # fmt: skip
     run = where / "calibrate"
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     first: tuple[float, float] | None = None  # (time, worker CPU s) at the first step

@@ -40,7 +40,8 @@ def add_parser(sub) -> None:
     p.add_argument("--sample-rate", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--batch-groups", type=int, default=16)
-    p.add_argument("--groups-per-file", type=int, default=2)
+    p.add_argument("--groups-per-file", type=int, default=2,
+                   help="groups in a file (--calibrate measures files of this size)")  # fmt: skip
     p.add_argument("--async-level", type=int, default=2)
     p.add_argument("--max-pending-groups", type=int, default=0, help="0: batch groups")
     p.add_argument("--version-mb", type=float, help="override the costs' version size")
@@ -73,7 +74,7 @@ def costs_of(args: argparse.Namespace):
         else:
             print(f"swarmrl plan: calibrating with a short run of {args.calibrate} ...",
                   file=sys.stderr)  # fmt: skip
-            costs = calibrate.measure(args.calibrate)
+            costs = calibrate.measure(args.calibrate, groups_per_file=args.groups_per_file)
     except (OSError, ValueError, TypeError, RuntimeError) as e:
         raise UserError(f"swarmrl plan: {e}") from None
     if args.version_mb:

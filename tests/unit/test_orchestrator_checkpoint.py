@@ -31,3 +31,33 @@ def test_commits_leave_the_checkpoint_to_the_sweeper(tmp_path):
         cur.execute("INSERT INTO nonces VALUES ('x', 'y', 0)")
     assert db.one("SELECT COUNT(*) FROM nonces")[0][0] == 1501
     db.close()
+
+
+def test_reads_take_a_snapshot_beside_a_write_in_progress(tmp_path):
+    """The ledger, the dashboard and /metrics read on a connection of their own
+    (`Database.read`): while a write transaction holds the lock every write waits
+    for, they answer at once with what was committed before it."""
+    import threading
+
+    from tests.unit.orch_util import Orch, pubhex
+
+    o = Orch(tmp_path)
+    w = o.worker("w")
+    o.register(w)
+    answers: dict[str, object] = {}
+
+    def read_all() -> None:
+        answers["ledger"] = o.http.get("/v1/ledger").json()
+        answers["metrics"] = o.http.get("/metrics").status_code
+        answers["swarm"] = o.http.get("/v1/dashboard/swarm").status_code
+
+    with o.svc.db.tx() as cur:  # a write in progress, holding the lock
+        cur.execute("UPDATE nodes SET stake = 7 WHERE key = ?", (pubhex(w),))
+        reader = threading.Thread(target=read_all, daemon=True)
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive(), "a read waited for the write in progress"
+    stakes = {n["key"]: n["stake"] for n in answers["ledger"]["nodes"]}
+    assert stakes[pubhex(w)] == o.cfg.orchestrator.stake  # the snapshot before the write
+    assert answers["metrics"] == answers["swarm"] == 200
+    assert o.ledger()[pubhex(w)]["stake"] == 7  # and the write's, once committed
