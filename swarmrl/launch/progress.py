@@ -82,11 +82,17 @@ def _verdict_text(run: Path) -> str:
     return text
 
 
+_LEDGER_CLIENT = None  # one client for the progress line's polls: one TLS context, kept
+
+
 def fetch_ledger(url: str) -> dict | None:
     import httpx
 
+    global _LEDGER_CLIENT
+    if _LEDGER_CLIENT is None:
+        _LEDGER_CLIENT = httpx.Client(timeout=2.0)
     try:
-        return httpx.get(url.rstrip("/") + "/v1/ledger", timeout=2.0).json()
+        return _LEDGER_CLIENT.get(url.rstrip("/") + "/v1/ledger").json()
     except (httpx.HTTPError, ValueError):  # shown as unreachable; the run goes on
         return None
 
