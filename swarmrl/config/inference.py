@@ -92,4 +92,9 @@ class WorkerConfig(Section):
         description="Where the launcher's workers generate (passed as `swarmrl worker "
         "--device`; a contributor's worker takes its own flag): auto, cpu, cuda or cuda:N.",
     )
-    poll_s: float = Field(0.2, gt=0.0, le=60.0, description="Wait between store polls.")
+    poll_s: float = Field(
+        0.2, gt=0.0, le=60.0,
+        description="Wait between polls for weights; the first wait before asking for work "
+        "again after an answer without any, doubled with each such answer up to the run's "
+        "heartbeat period (cut short by a new version).",
+    )  # fmt: skip

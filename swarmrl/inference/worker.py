@@ -12,7 +12,8 @@ and makes only outbound connections (it works behind NAT):
    with the run's model) and register with it, which locks the stake;
 5. forever: heartbeat asking for work; the answer carries the assignment
    (step, policy version, counter, seed, length budget, sampler state) or
-   why to wait; generate `groups_per_file` prompt groups of `group_size`
+   why to wait (it asks again after a pause that doubles while it waits:
+   `AskPacer`); generate `groups_per_file` prompt groups of `group_size`
    completions (prompts and Gumbel-max seeds fixed by the assignment, TOPLOC
    proofs built from the hidden states on the way), score them with the
    task's verifier, write one rollout file, ask for an upload URL, upload,
@@ -299,6 +300,33 @@ def _assignment(j: dict) -> Assignment:
     )
 
 
+class AskPacer:
+    """How long a worker waits before asking for work again after an answer without
+    any: `first_s` (worker.poll_s), doubling with each such answer up to `most_s` (the
+    run's heartbeat period), back to `first_s` after an assignment. The wait is cut
+    short when `changed()` says a newer version arrived (the answer may have been
+    stale-policy). Asking every 0.2 s, 35 waiting workers sent the emulated swarm's
+    orchestrator most of its requests (bench/swarm_scale.py); a fleet of waiting
+    workers still asks often, each one seldom."""
+
+    def __init__(self, first_s: float, most_s: float):
+        self.first_s, self.most_s = first_s, max(first_s, most_s)
+        self.next_s = first_s
+
+    def assigned(self) -> None:
+        self.next_s = self.first_s
+
+    def wait(self, changed: Callable[[], bool], sleep=time.sleep) -> float:
+        """Wait (in steps of `first_s`, watching `changed`); the seconds waited."""
+        waited, total = 0.0, self.next_s
+        while waited < total and not changed():
+            step = min(self.first_s, total - waited)
+            sleep(step)
+            waited += step
+        self.next_s = min(2 * self.next_s, self.most_s)
+        return waited
+
+
 @dataclass
 class WorkerNode:
     """A node that joined a run: what it follows, generates with and reports, and the
@@ -320,6 +348,7 @@ class WorkerNode:
     hardware: dict | None = None  # measured once, before the first registration
     beat: Heartbeat | None = None
     invite: str = ""  # the operator's invitation, if this node has one
+    pacer: AskPacer | None = None  # when to ask for work again (made by `enlist`)
 
     def follow_weights(self) -> bool:
         """Load the newest complete policy version unless it is loaded; False (after a
@@ -367,6 +396,11 @@ class WorkerNode:
             raise
         self.beat = Heartbeat(self.client, self.params["heartbeat_s"], self.register)
         self.beat.thread.start()
+        self.pacer = AskPacer(self.cfg.worker.poll_s, self.params["heartbeat_s"])
+
+    def newer_version(self) -> bool:
+        newest = self.weights.newest()
+        return newest is not None and newest != self.loaded
 
     def ask_for_work(self) -> dict | None:
         """The heartbeat answer to a request for work; None when the node had been
@@ -488,8 +522,9 @@ def run_worker(
             w.beat.stop.set()
             return
         if hb["assignment"] is None:
-            time.sleep(w.cfg.worker.poll_s)
+            w.pacer.wait(w.newer_version)
             continue
+        w.pacer.assigned()
         a = _assignment(hb["assignment"])
         if a.policy_step != w.loaded:
             continue  # assigned before a swap: the orchestrator re-issues it at our version

@@ -8,6 +8,8 @@ What each cost is read from (all written by the run's own processes):
   groups in a file (`groups`: the file key's `-gN`);
 - `train_s`: the median of the trainer's update seconds (metrics.jsonl `train_s`);
 - `validate_s`: the median of the validators' seconds per file (verdicts.jsonl);
+- `submit_s`: the median seconds from a file's upload grant to its submission (the
+  ledger), times the worker's cores: the upload and the requests around it;
 - `load_s`: the median seconds a worker took to load a version it had downloaded;
 - `start_s`: the median seconds from a worker's start to its registration;
 - `fetch_s_per_mb`: the median seconds per MB of a worker's downloads of versions
@@ -93,6 +95,12 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
     db = sqlite3.connect(f"file:{run / 'orchestrator' / 'state.sqlite'}?mode=ro", uri=True)
     try:
         (size,) = db.execute("SELECT AVG(size) FROM files").fetchone()
+        submits = [
+            (b - a) * worker_cores
+            for a, b in db.execute(
+                "SELECT created, submitted FROM files WHERE submitted IS NOT NULL"
+            ).fetchall()
+        ]
     finally:
         db.close()
     read = sum(m.get("groups", 0) + m.get("dropped_groups", 0) for m in metrics)
@@ -104,6 +112,7 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
         ),
         validate_s=round(_median(checks, "a validator's check", run), 3),
         load_s=round(statistics.median(loads), 3) if loads else 0.0,
+        submit_s=round(statistics.median(submits), 3) if submits else 0.0,
         version_mb=round(_median(sent, "a published version", run) / 1e6, 3),
         start_s=round(statistics.median(starts), 1) if starts else 0.0,
         fetch_s_per_mb=round(statistics.median(fetches), 4) if fetches else 0.0,
@@ -150,7 +159,7 @@ def measure(
     costs = from_run(run)
     if first is not None and last[0] > first[0]:
         files = _files_after(run, since)
-        spare = last[1] - first[1] - files * costs.file_s
+        spare = last[1] - first[1] - files * (costs.file_s + costs.submit_s)
         costs.idle_cores = round(max(0.0, spare) / (last[0] - first[0]), 4)
     return costs
 

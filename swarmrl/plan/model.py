@@ -12,7 +12,8 @@ What is modelled, as the code does it (orchestrator/work.py, trainer/loop.py):
   an assignment while the groups out (open assignments and files on their way,
   with a fresh policy) stay within `max_pending_groups`, and only if the version it
   holds leaves `work_slack_steps` before its file would be stale; it generates the file (`file_s` core-
-  seconds), uploads it on its link and submits it; a share `sample_rate` of files
+  seconds), uploads it on its link and submits it (`submit_s` core-seconds: signing,
+  hashing, the requests); a share `sample_rate` of files
   waits for one of the validators (`validate_s` core-seconds each), the rest are
   accepted at once;
 - each published version goes down the relay tree: the first level fetches it
@@ -62,6 +63,7 @@ class Costs:
     start_s: float = 0.0  # seconds from a worker's start to its asking for work
     fetch_s_per_mb: float = 0.0  # core-seconds a node spends per MB it downloads (checks)
     idle_cores: float = 0.0  # what a worker process burns besides its files (heartbeats...)
+    submit_s: float = 0.0  # core-seconds from a file generated to its submission (upload)
     file_mb: float = 0.05  # one rollout file
     signal: float = 1.0  # share of groups with signal
     request_ms: float = 2.0  # the orchestrator's service time for one request
@@ -345,7 +347,9 @@ class _Run:
                 node["job"] = self.compute(self.per_file(c.file_s), w.cores, "worker", w.speed)
                 yield node["job"]
                 node["job"] = None
-                yield self.env.timeout(c.file_mb * 8 / w.mbit)
+                node["job"] = self.compute(self.per_file(c.submit_s), w.cores, "worker", w.speed)
+                yield simpy.AllOf(self.env, [node["job"], self.env.timeout(c.file_mb * 8 / w.mbit)])
+                node["job"] = None
                 while not self.orchestrator_up:
                     yield self.env.timeout(s.heartbeat_s)
                 self.requests += 3  # an upload URL, the upload, the submission
@@ -377,7 +381,8 @@ class _Run:
         """On a shared machine, a live worker burns `idle_cores` besides its files."""
         if self.cpu is not None and self.c.idle_cores > 0:
             weight = self.s.weights.get(node["role"], 1024.0)
-            node["idle"] = self.cpu.use(math.inf, cap=self.c.idle_cores, weight=weight)
+            cap = min(self.c.idle_cores, node["cores"])  # within the node's own share
+            node["idle"] = self.cpu.use(math.inf, cap=cap, weight=weight)
 
     def restart(self, node: dict, down_s: float):
         """A worker that was away `down_s` starts (`start_s`), takes the newest version."""

@@ -105,14 +105,16 @@ def test_costs_are_read_from_a_runs_records(tmp_path):
                       "patch_dropped": False}) + "\n"
     )  # fmt: skip
     db = sqlite3.connect(run / "orchestrator" / "state.sqlite")
-    db.execute("CREATE TABLE files (key TEXT, size INTEGER)")
-    db.executemany("INSERT INTO files VALUES (?, ?)", [("a", 40_000), ("b", 60_000)])
+    db.execute("CREATE TABLE files (key TEXT, size INTEGER, created REAL, submitted REAL)")
+    db.executemany("INSERT INTO files VALUES (?, ?, ?, ?)",
+                   [("a", 40_000, 10.0, 10.4), ("b", 60_000, 20.0, 20.8), ("c", 50_000, 30.0, None)])  # fmt: skip
     db.commit()
     db.close()
     c = calibrate.from_run(run, worker_cores=0.5)
     assert c.file_s == pytest.approx(1.5)  # median of 2 s and 4 s, at half a core
     assert c.train_s == 2.0 and c.validate_s == 0.7 and c.load_s == pytest.approx(0.2)
     assert c.start_s == 12.5 and c.file_mb == 0.05 and c.groups == 4
+    assert c.submit_s == pytest.approx(0.3)  # median of 0.4 s and 0.8 s, at half a core
     assert c.fetch_s_per_mb == pytest.approx(0.125)  # 2 s for 8 MB, at half a core
     assert c.version_mb == pytest.approx(5.0)  # median of 8 MB (patch dropped) and 2 MB
     assert c.signal == pytest.approx(1 - 4 / 52, abs=1e-3)
