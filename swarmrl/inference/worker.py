@@ -510,6 +510,7 @@ def run_worker(
     home.mkdir(parents=True, exist_ok=True)
     w = join_run(url, home, threads, backend, work, after_load, device)
     w.invite = invite
+    waiting = None  # the last reason the orchestrator gave for no work
     while True:
         if not w.follow_weights():
             continue
@@ -522,8 +523,12 @@ def run_worker(
             w.beat.stop.set()
             return
         if hb["assignment"] is None:
+            if hb.get("wait") != waiting:  # each new reason once: why a node gets no work
+                waiting = hb.get("wait")
+                log.info("no work: %s (step %s, holding policy %s)", waiting, hb["step"], w.loaded)
             w.pacer.wait(w.newer_version)
             continue
+        waiting = None
         w.pacer.assigned()
         a = _assignment(hb["assignment"])
         if a.policy_step != w.loaded:
