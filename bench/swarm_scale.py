@@ -106,6 +106,9 @@ def _args() -> argparse.Namespace:
         "the JSON then holds the planner's prediction of this run beside it",
     )
     p.add_argument("--plot", help="also write the timeline plot here (it is always in the run)")
+    p.add_argument("--replan", action="store_true",
+                   help="with --costs: the planner's prediction of the run already in --runs "
+                   "(the same flags), without running it")  # fmt: skip
     return p.parse_args()
 
 
@@ -251,20 +254,11 @@ def predicted(a: argparse.Namespace, cfg, layout, out: dict) -> dict:
             "costs": costs.__dict__}  # fmt: skip
 
 
-def main() -> int:
-    a = _args()
-    ok, why = netns.available()
-    if not ok:
-        print(json.dumps({"skipped": why}))
-        return 2
+def setup(a: argparse.Namespace, tiny: Path):
+    """The run's config file, its overrides, the config they make and the layout."""
     from swarmrl.config import load_config
-    from swarmrl.launch.swarm import launch
-    from swarmrl.sim.emulated import Emulated, Layout
+    from swarmrl.sim.emulated import Layout
 
-    tiny = ROOT / "models" / "tiny-reverse_text"
-    if not (tiny / "warm_start.json").exists():
-        print(json.dumps({"skipped": f"no tiny model at {tiny}: make run-tiny builds it"}))
-        return 2
     runs = Path(a.runs)
     config = str(ROOT / "configs" / "tiny.toml")
     honest = a.workers
@@ -299,6 +293,42 @@ def main() -> int:
     layout = Layout(links=links, cpus={"worker": a.worker_cpu, "cheater": a.worker_cpu},
                     weights=WEIGHTS, fanout=max(1, a.relays // (2 ** (a.levels - 1))),
                     levels=a.levels)  # fmt: skip
+    return config, overrides, cfg, layout
+
+
+def replan(a: argparse.Namespace) -> int:
+    """With --replan: the planner's prediction (--costs) of the run already in --runs,
+    beside its figures (swarm_scale.json), without running a swarm: a model or its
+    costs checked again against saved runs."""
+    if not a.costs:
+        print("--replan needs --costs", file=sys.stderr)
+        return 2
+    saved = Path(a.runs) / "swarm" / "swarm_scale.json"
+    out = json.loads(saved.read_text())
+    _, _, cfg, layout = setup(a, ROOT / "models" / "tiny-reverse_text")
+    print(
+        json.dumps({"run": str(saved), "seed": out.get("seed"), **predicted(a, cfg, layout, out)})
+    )
+    return 0
+
+
+def main() -> int:
+    a = _args()
+    if a.replan:
+        return replan(a)
+    ok, why = netns.available()
+    if not ok:
+        print(json.dumps({"skipped": why}))
+        return 2
+    from swarmrl.launch.swarm import launch
+    from swarmrl.sim.emulated import Emulated
+
+    tiny = ROOT / "models" / "tiny-reverse_text"
+    if not (tiny / "warm_start.json").exists():
+        print(json.dumps({"skipped": f"no tiny model at {tiny}: make run-tiny builds it"}))
+        return 2
+    config, overrides, cfg, layout = setup(a, tiny)
+    honest = a.workers
     url: list[str] = []
     t0 = time.monotonic()
     with netns.Network("scale") as net:
@@ -347,7 +377,7 @@ def main() -> int:
         "validators": a.validators,
         "churn_events": len([e for e in chaos.events if "kill" in e]),
         "events": chaos.events,
-        "link_mbit": sorted(set(links.values())),
+        "link_mbit": sorted(set(layout.links.values())),
         "steps": len(metrics),
         "trainer_busy_fraction": round(busy / span, 3) if span else None,
         "files": files,
