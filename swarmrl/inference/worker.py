@@ -300,6 +300,26 @@ def _assignment(j: dict) -> Assignment:
     )
 
 
+UPLOAD_TRIES = 3  # a file refused for the upload rate waits for a URL twice, then is dropped
+
+
+def upload_waiting(upload: Callable[[], str], sleep=time.sleep) -> str:
+    """`upload()`; refused for the upload rate (429: too many URLs this minute), the same
+    file waits as told (at most a minute) and tries again, `UPLOAD_TRIES` times in all,
+    rather than being dropped and the next assignment made in its place (a worker that
+    outran the limit made file after file that was refused)."""
+    for attempt in range(UPLOAD_TRIES):
+        try:
+            return upload()
+        except OrchestratorError as e:
+            if e.status != 429 or attempt + 1 == UPLOAD_TRIES:
+                raise
+            wait = min(60.0, e.retry_after_s or 5.0)
+            log.warning("upload refused: %s; the file waits %.0fs", e, wait)
+            sleep(wait)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
 class AskPacer:
     """How long a worker waits before asking for work again after an answer without
     any: `first_s` (worker.poll_s), doubling with each such answer up to `most_s` (the
@@ -424,7 +444,7 @@ class WorkerNode:
         rows = self.work.rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node)
         data = write_rollouts(rows)
         try:
-            key = self.work.upload(self.client, a, data)
+            key = upload_waiting(lambda: self.work.upload(self.client, a, data))
         except OrchestratorError as e:
             log.warning("upload refused: %s", e)
             _refused(e)

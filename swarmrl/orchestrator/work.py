@@ -214,7 +214,11 @@ def grant_upload(svc: Service, key: str, counter: int, size: int, sha256: str) -
         raise ApiError(413, f"file of {size} bytes is over the {o.max_file_bytes}-byte limit")
     recent = [t for t in svc.upload_times.get(key, []) if t > now - 60.0]
     if len(recent) >= o.uploads_per_minute:
-        raise ApiError(429, f"more than {o.uploads_per_minute} upload URLs in a minute")
+        raise ApiError(
+            429,
+            f"more than {o.uploads_per_minute} upload URLs in a minute",
+            retry_after_s=recent[-o.uploads_per_minute] + 60.0 - now,  # when one frees
+        )
     svc.upload_times[key] = recent + [now]
     with svc.db.tx() as cur:
         require_worker(cur, key)

@@ -92,8 +92,13 @@ def test_upload_urls_are_rate_limited(tmp_path):
     o.open_step(1, 0)
     a = o.assignment(w, 0)["assignment"]
     body = {"counter": a["counter"], "size": 5, "sha256": hashlib.sha256(b"hello").hexdigest()}
-    codes = [o.call(w, "POST", "/v1/uploads", body).status_code for _ in range(4)]
+    codes = []
+    for _ in range(4):
+        r = o.call(w, "POST", "/v1/uploads", body)
+        codes.append(r.status_code)
+        o.clock.t += 10
     assert codes == [200, 200, 200, 429]
+    assert r.headers["Retry-After"] == "30"  # the first of the three frees 60 s after it
     big = body | {"size": o.cfg.orchestrator.max_file_bytes + 1}
     o.clock.t += 61
     assert o.call(w, "POST", "/v1/uploads", big).status_code == 413

@@ -24,3 +24,34 @@ def test_a_new_version_cuts_the_wait_short():
         pacer.wait(lambda: False, lambda s: None)
     polls = iter([False, False, True])  # the version lands during the third poll
     assert round(pacer.wait(lambda: next(polls), lambda s: None), 6) == 0.4
+
+
+def test_a_file_refused_for_the_upload_rate_waits_and_is_sent_again():
+    import pytest
+
+    from swarmrl.inference.worker import UPLOAD_TRIES, upload_waiting
+    from swarmrl.protocol.client import OrchestratorError
+
+    def answering(*answers):
+        it = iter(answers)
+
+        def upload() -> str:
+            a = next(it)
+            if isinstance(a, Exception):
+                raise a
+            return a
+
+        return upload
+
+    slept: list[float] = []
+    limit = OrchestratorError(429, "more than 60 upload URLs", "/v1/uploads", 12.0)
+    assert upload_waiting(answering(limit, "key"), slept.append) == "key"
+    assert slept == [12.0]  # as the Retry-After said
+    busy = OrchestratorError(429, "busy", "/v1/uploads", None)
+    with pytest.raises(OrchestratorError, match="busy"):
+        upload_waiting(answering(*[busy] * UPLOAD_TRIES), slept.append)
+    assert slept == [12.0, 5.0, 5.0]  # no Retry-After: 5 s; then given up
+    ejected = OrchestratorError(403, "this key is ejected", "/v1/uploads")
+    with pytest.raises(OrchestratorError, match="ejected"):
+        upload_waiting(answering(ejected), slept.append)
+    assert slept == [12.0, 5.0, 5.0]  # refused outright: no wait
