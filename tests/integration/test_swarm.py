@@ -144,6 +144,10 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
             f"trainer.steps={steps}",
             "orchestrator.margin_groups=8",
             "async_level=6",
+            # the rogue's proof of work in a fraction of a second: at the default 2 s of
+            # a core (and its long tail) the run, faster since its nodes keep their
+            # HTTP clients, could end before the rogue had registered
+            "orchestrator.register_work_s=0.1",
             *at(url),
         ),
         stdout=subprocess.PIPE,
@@ -157,13 +161,19 @@ def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
         rogue.register({"role": "worker", "hardware": hw})
         held = {"policy": rogue.call("POST", "/v1/nodes/heartbeat", {})["policy"]}
 
+        waits: list[str] = []
+
         def ask():  # like a worker, it follows the policy as the trainer moves on
             body = {"policy_version": held["policy"], "want_work": True}
             answer = rogue.call("POST", "/v1/nodes/heartbeat", body)
             held["policy"] = answer["policy"]
+            waits.append(f"{answer['wait']} at step {answer['step']}")
             return answer["assignment"]
 
-        a = wait_for(ask, 120, "an assignment for the rogue node", proc)
+        try:
+            a = wait_for(ask, 120, "an assignment for the rogue node", proc)
+        except (AssertionError, ConnectionError) as e:  # say what the rogue was told
+            raise AssertionError(f"{e}; its last answers: {waits[-5:]}") from None
         # Paused, the swarm finishes the work already assigned and the trainer waits, so
         # the run cannot end before the rogue file is judged, however fast it trains.
         _control(url, run, {"paused": True})
