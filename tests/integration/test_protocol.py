@@ -8,6 +8,8 @@ import sqlite3
 import subprocess
 import sys
 
+import pytest
+
 from swarmrl.launch.supervisor import free_port
 from tests.integration.conftest import (
     at,
@@ -74,6 +76,9 @@ def test_a_worker_with_only_the_url_joins_and_contributes(tiny_model, tmp_path):
     assert "registered: stake 100.0" in worker_out
 
 
+@pytest.mark.slow  # 40 s; in the default suite: the orchestrator's state across a
+# restart (test_orchestrator_ledger.py, Orch.restart); end to end with SIGKILL in a
+# 35-node swarm: test_emulated_swarm.py and bench/swarm_scale.py (both slow)
 def test_orchestrator_killed_mid_run_loses_and_repeats_nothing(tiny_model, tmp_path):
     steps = 8
     run = tmp_path / "runs" / "tiny"

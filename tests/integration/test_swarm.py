@@ -122,6 +122,9 @@ def test_trainer_killed_then_resumed_loses_and_repeats_nothing(tiny_model, tmp_p
     assert after[version]["level"] == checkpoint["next_level"], (checkpoint, after[version])
 
 
+@pytest.mark.slow  # 50-70 s; in the default suite: a non-parquet file refused
+# (test_rollouts.py), the supervisor's restarts (test_supervisor.py), a rogue node
+# ejected and slashed end to end (test_cheaters_are_rejected_and_training_goes_on)
 def test_corrupt_file_rejected_and_dead_worker_tolerated(tiny_model, tmp_path):
     """A node that uploads a file that is not parquet through the protocol: the
     validator rejects it, the node is ejected and slashed; a killed worker is restarted."""
