@@ -1,10 +1,10 @@
 """A worker told to wait asks again after a pause that doubles up to the heartbeat
 period, cut short by a new version, and asks at once again after an assignment
-(inference/worker.py: `AskPacer`)."""
+(inference/pacing.py: `AskPacer`)."""
 
 from __future__ import annotations
 
-from swarmrl.inference.worker import AskPacer
+from swarmrl.inference.pacing import AskPacer
 
 
 def test_waits_double_to_the_heartbeat_and_restart_after_an_assignment():
@@ -29,7 +29,7 @@ def test_a_new_version_cuts_the_wait_short():
 def test_a_file_refused_for_the_upload_rate_waits_and_is_sent_again():
     import pytest
 
-    from swarmrl.inference.worker import UPLOAD_TRIES, upload_waiting
+    from swarmrl.inference.pacing import UPLOAD_TRIES, upload_waiting
     from swarmrl.protocol.client import OrchestratorError
 
     def answering(*answers):
