@@ -218,6 +218,11 @@ class Follower:
                 if s.versions or isinstance(e, _BadBody):
                     log.warning("server %s: /versions failed (%s)", s.url, e)
                 s.versions = []
+                # asked for all it has, it answers at once when back: asked for what
+                # comes after the last version it announced (a relay restarted with that
+                # version), it would hold the answer for poll_wait_s, announcing
+                # nothing meanwhile (the emulated swarm: relays stalled for 30 s)
+                after = -1
                 self.pool.changed.set()
                 await asyncio.sleep(POLL_RETRY_S)
                 continue

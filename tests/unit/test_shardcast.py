@@ -304,6 +304,45 @@ def test_nonsense_version_lists_are_ignored_and_polling_goes_on(tmp_path, key):
     assert client.pool.servers[junk].versions == []
 
 
+def test_a_server_back_from_a_failure_is_heard_at_once(tmp_path, key):
+    """A relay killed and restarted with the version it had announced: its follower
+    asks it for everything again rather than long-polling past that version, so the
+    version counts as announced within a poll, not after poll_wait_s (30 s)."""
+    from aiohttp import web
+
+    asked: list[str] = []
+
+    async def versions(request):
+        asked.append(request.query["after"])
+        if len(asked) == 2:  # killed: the connection breaks
+            raise web.HTTPServiceUnavailable()
+        if request.query["after"] != "-1":  # nothing newer: a long poll holds the answer
+            await asyncio.sleep(float(request.query["wait"]))
+        return web.json_response({"versions": [0]})
+
+    async def main():
+        app = web.Application()
+        app.add_routes([web.get("/versions", versions)])
+        runner = web.AppRunner(app, shutdown_timeout=0.1)  # a held long poll ends the test
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        stop = asyncio.Event()
+        client = Follower([url], public_key_hex(key), tmp_path / "client", poll_wait_s=30.0)
+        task = asyncio.create_task(client.run(stop))
+        try:
+            await until(lambda: len(asked) >= 3, timeout=5)
+            await until(lambda: client.pool.servers[url].versions == [0], timeout=3)
+        finally:
+            stop.set()
+            await task
+            await runner.cleanup()
+
+    asyncio.run(main())
+    assert asked[:3] == ["-1", "0", "-1"]
+
+
 def test_the_server_list_is_followed_as_the_orchestrator_changes_it(tmp_path, key):
     """A node that joined when only a dead server was advertised fetches once the
     refreshed list names a live one; a failed refresh keeps the list; a server
