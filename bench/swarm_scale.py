@@ -124,6 +124,7 @@ class Chaos(threading.Thread):
         self.scrapes: list[dict] = []  # /metrics, once a step
         self.up: list[tuple[float, int, int]] = []  # (time, worker nodes up, others up)
         self.cpu: dict[tuple[str, int], float] = {}  # (node, pid) -> CPU seconds, last seen
+        self.cpu_series: list[dict] = []  # every 2 s: time, step, node -> CPU s so far
         self.stop = threading.Event()
 
     def step(self) -> int:
@@ -195,6 +196,10 @@ class Chaos(threading.Thread):
             elif pids:
                 others += 1
         self.up.append((now, workers, others))
+        by_node: dict[str, float] = {}
+        for (name, _), used in self.cpu.items():
+            by_node[name] = round(by_node.get(name, 0.0) + used, 2)
+        self.cpu_series.append({"time": now, "step": self.step(), "cpu_s": by_node})
 
     def scrape(self) -> None:
         import httpx
@@ -225,6 +230,7 @@ def scenario(a: argparse.Namespace, cfg, layout, costs):
         relay_mbit=float(layout.links["relay"]), origin_mbit=float(layout.links["trainer"]),
         validators=a.validators, validator_mbit=float(layout.links["validator"]),
         sample_rate=cfg.validator.sample_rate, heartbeat_s=cfg.orchestrator.heartbeat_s,
+        validator_poll_s=cfg.validator.poll_s, ask_poll_s=cfg.worker.poll_s,
         host_cores=float(os.cpu_count() or 1), weights={k: float(v) for k, v in WEIGHTS.items()},
         churn=[(3, math.ceil(a.churn * a.workers) / a.workers, 2.0)],
         orchestrator_down=(6, 5.0), seed=a.seed,
@@ -415,6 +421,10 @@ def main() -> int:
         out["plan"] = predicted(a, cfg, layout, out)
     tl = records.timeline(run, chaos, layout)
     (run / "timeline.json").write_text(json.dumps(tl))
+    (run / "cpu.jsonl").write_text("".join(json.dumps(x) + "\n" for x in chaos.cpu_series))
+    (run / "links.json").write_text(  # the planner's calibration reads both (plan/calibrate.py)
+        json.dumps({n: layout.of(layout.links, n) for n in sorted(chaos.net.nodes)})
+    )
     records.plot_timeline(tl, run / "timeline.png")
     if a.plot:
         shutil.copy(run / "timeline.png", a.plot)

@@ -21,6 +21,12 @@ What each cost is read from (all written by the run's own processes):
 
 Not measured: the orchestrator's service time per request (`request_ms`, from
 bench/orchestrator_load.py; the planner reports the load it would put on it).
+
+A run of the emulated swarm (bench/swarm_scale.py) also leaves `cpu.jsonl`, every
+node's CPU seconds every 2 s. Its seconds are CPU time, not the wall time that
+contention stretches, so where it is there the CPU costs and the latencies come
+from it instead (plan/under_load.py): measured with every process of the swarm on
+the machine at once, over the steady part of the run.
 """
 
 from __future__ import annotations
@@ -49,7 +55,11 @@ def _median(xs: list[float], what: str, run: Path) -> float:
     return statistics.median(xs)
 
 
-def _stamp(line: str) -> float | None:
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
+
+
+def log_time(line: str) -> float | None:
     try:
         return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
     except ValueError:
@@ -75,9 +85,9 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
             elif (m := LOADED.search(line)) and int(m[1]) > 0:
                 loads.append(float(m[2]) * worker_cores)
             elif " joining run " in line:
-                joined = _stamp(line)
+                joined = log_time(line)
             elif " registered: " in line and joined is not None:
-                t = _stamp(line)
+                t = log_time(line)
                 starts.append(t - joined) if t is not None else None
                 joined = None
     verdicts = run / "verdicts.jsonl"
@@ -86,7 +96,7 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
         for x in (verdicts.read_text().splitlines() if verdicts.exists() else [])
         if x and "seconds" in json.loads(x)
     ]
-    published = [json.loads(x) for x in (run / "published.jsonl").read_text().splitlines() if x]
+    published = read_jsonl(run / "published.jsonl")
     sent = [
         p["full_bytes"] if p.get("patch_dropped", True) or not p.get("patch_bytes")
         else p["patch_bytes"]
@@ -105,7 +115,7 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
         db.close()
     read = sum(m.get("groups", 0) + m.get("dropped_groups", 0) for m in metrics)
     dropped = sum(m.get("dropped_groups", 0) for m in metrics)
-    return Costs(
+    costs = Costs(
         file_s=round(_median(files, "a worker's file", run), 3),
         train_s=round(
             _median([m["train_s"] for m in metrics if "train_s" in m], "updates", run), 3
@@ -121,6 +131,11 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
         groups=round(statistics.median(groups)),
         measured_on=f"{run} ({platform.node()}, {platform.processor() or platform.machine()})",
     )
+    if (run / "cpu.jsonl").exists():
+        from swarmrl.plan.under_load import under_load
+
+        return under_load(run, costs)
+    return costs
 
 
 def measure(
@@ -193,7 +208,7 @@ def _files_after(run: Path, since: float) -> int:
     count = 0
     for log in (run / "logs").glob("worker-*.log"):
         for line in log.read_text(errors="replace").splitlines():
-            t = _stamp(line)
+            t = log_time(line)
             if FILE.search(line) and t is not None and t >= since:
                 count += 1
     return count

@@ -3,39 +3,47 @@ with given costs, without running it.
 
 What is modelled, as the code does it (orchestrator/work.py, trainer/loop.py):
 
-- the trainer collects, for step s, accepted files whose policy is at least
-  s - async_level, until `batch_groups` groups with signal are in (a group has
-  signal with probability `Costs.signal`; the rest are dropped, extra groups carry
-  over); it then trains (`Costs.train_s` core-seconds) and publishes version s;
-  files still on their way with an older policy become stale;
-- a worker asks for work when it has finished a file, then every heartbeat; it gets
+- the trainer collects, for step n, accepted files whose policy is at least
+  n - async_level, the oldest policy first, until `batch_groups` groups with
+  signal are in (a group has signal with probability `Costs.signal`; the rest are
+  dropped, extra groups carry over); after `collect_s` (its last file's download,
+  check and consumption) step n + 1 opens to the workers, and n trains
+  (`train_s`) while they work; version n is published `publish_s` later, in
+  order, from a second thread; files on their way with an older policy than a
+  step takes become stale;
+- a worker asks for work when it has a version and has finished a file; it gets
   an assignment while the groups out (open assignments and files on their way,
-  with a fresh policy) stay within `max_pending_groups`, and only if the version it
-  holds leaves `work_slack_steps` before its file would be stale; it generates the file (`file_s` core-
-  seconds), uploads it on its link and submits it (`submit_s` core-seconds: signing,
-  hashing, the requests); a share `sample_rate` of files
-  waits for one of the validators (`validate_s` core-seconds each), the rest are
-  accepted at once;
+  with a fresh policy) stay within `max_pending_groups`, and only if the version
+  it holds leaves `work_slack_steps` before its file would be stale; told to
+  wait, it asks again as its AskPacer says (inference/pacing.py). It generates
+  the file (`file_s` core-seconds), uploads it on its link and submits it
+  (`submit_s`); the orchestrator spends `orchestrator_s` on each file's
+  requests; a share `sample_rate` of files waits for a validator (`validate_s`,
+  seen at its next poll if it was idle), the rest are accepted at once;
 - each published version goes down the relay tree: the first level fetches it
   from the origin, each later level from the level above, and every worker and
   validator from the last level, all at once (relays pass shards on as they
-  arrive: a level ends no sooner than the one above it), each transfer on
-  the sender's uplink (one pool per level) and capped by the receiver's link
-  (plan/fluid.py), while the node's CPU checks what arrives (`fetch_s_per_mb`
-  core-seconds per MB); a node then takes it in (`load_s` core-seconds) and works on
-  it for its next assignment; its weights lag is the time from publication to
-  the download's end, as the SHARDCAST client logs it;
+  arrive: a level ends no sooner than the one above it), each transfer on the
+  sender's uplink (one pool per level) and capped by the receiver's link
+  (plan/fluid.py), after `fetch_latency_s` (the requests before the bytes) and
+  beside the node's CPU on what arrives (`fetch_s_per_mb`) and the relays'
+  (`relay_s_per_mb`); a node then takes it in (`load_s`) and works on it for its
+  next assignment; its weights lag is the time from publication to the
+  download's end, as the SHARDCAST client logs it;
 - on one shared machine (`host_cores`, the emulated swarm on this machine) every
-  piece of compute shares those cores by weight, each node capped at its share,
-  and every live worker also burns `idle_cores` (its heartbeats, polls, threads);
-  otherwise every node computes on a device of its own;
+  process is a cgroup of its own (its role's weight, a worker's share of a core
+  as its cap) and all its compute shares that cgroup; every live worker also
+  burns `idle_cores` (its heartbeats, polls, threads), and a worker (re)starting
+  spends `start_s`; otherwise every node computes on a device of its own;
 - events by step: workers joining late, workers killed and back after a pause,
   the orchestrator down for a while (no assignments, no submissions).
 
-Not modelled: request round trips and the orchestrator's own queueing (its load is
-reported as requests per second and, at a measured service time, its use of one
-core), cheaters and the work their files waste, validators' and relays' deaths,
-the faster-first rule, the curriculum (signal is one fixed share).
+Not modelled: the orchestrator's queueing and the requests' round trips beyond
+the measured latencies above (its load is reported as requests per second and its
+CPU as `orchestrator_s` a file), cheaters and the work their files waste,
+validators' and relays' deaths (the stall while nodes under a killed relay move
+to another), the faster-first rule and probation, the curriculum (signal is one
+fixed share).
 """
 
 from __future__ import annotations
@@ -43,88 +51,13 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections import deque
-from dataclasses import dataclass, field
 
 import simpy
 
 from swarmrl.plan.fluid import Fluid
+from swarmrl.plan.spec import Costs, Outcome, Swarm, Workers
 
-
-@dataclass
-class Costs:
-    """Measured costs (`swarmrl plan --calibrate` measures them on this machine)."""
-
-    file_s: float  # core-seconds to generate one file (of `groups` groups) on the reference device
-    train_s: float  # core-seconds of one trainer update
-    validate_s: float  # core-seconds to check one file (of `groups` groups)
-    load_s: float  # core-seconds for a node to take in a version it downloaded
-    version_mb: float  # what one version sends down the tree (full, or a patch)
-    start_s: float = 0.0  # seconds from a worker's start to its asking for work
-    fetch_s_per_mb: float = 0.0  # core-seconds a node spends per MB it downloads (checks)
-    idle_cores: float = 0.0  # what a worker process burns besides its files (heartbeats...)
-    submit_s: float = 0.0  # core-seconds from a file generated to its submission (upload)
-    file_mb: float = 0.05  # one rollout file
-    signal: float = 1.0  # share of groups with signal
-    request_ms: float = 2.0  # the orchestrator's service time for one request
-    groups: int = 2  # groups in the files file_s and validate_s were measured on
-    measured_on: str = ""
-
-
-@dataclass
-class Workers:
-    """A set of alike workers."""
-
-    count: int
-    mbit: float
-    speed: float = 1.0  # the reference device's speed times this (its own device)
-    cores: float = 1.0  # the share of a core it may use on a shared machine
-    join_step: int = 0  # it joins when the trainer reaches this step
-
-
-@dataclass
-class Swarm:
-    workers: list[Workers]
-    steps: int = 12
-    batch_groups: int = 16
-    groups_per_file: int = 2
-    async_level: int = 2
-    max_pending_groups: int = 0  # 0: batch_groups
-    work_slack_steps: int = 1  # orchestrator.work_slack_steps
-    relays: list[int] = field(default_factory=lambda: [1])  # relays per level
-    relay_mbit: float = 100.0
-    origin_mbit: float = 100.0
-    validators: int = 1
-    validator_mbit: float = 100.0
-    sample_rate: float = 0.1
-    heartbeat_s: float = 2.0
-    host_cores: float | None = None  # all compute on one machine of this many cores
-    weights: dict[str, float] = field(default_factory=dict)  # role -> cpu.shares
-    churn: list[tuple[int, float, float]] = field(default_factory=list)  # step, share, down s
-    orchestrator_down: tuple[int, float] | None = None  # step, seconds
-    seed: int = 0
-
-
-@dataclass
-class Outcome:
-    steps: int
-    wall_s: float
-    trainer_busy_fraction: float
-    trainer_idle_s: float
-    step_s_p50: float
-    files: dict[str, int]
-    stale_fraction: float
-    weights_lag_s: dict[str, dict[str, float]]
-    origin_mb: float
-    delivered_mb: float
-    validator_use: float
-    validator_backlog_max: int
-    orchestrator_requests_per_s: float
-    orchestrator_core_use: float
-    staleness_histogram: dict[str, int]
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
+__all__ = ["Costs", "Outcome", "Swarm", "Workers", "simulate"]
 
 
 class _File:
@@ -156,7 +89,6 @@ class _Run:
         self.validator_busy = 0.0
         self.orchestrator_up = True
         self.requests = 0
-        self.waiting: deque[simpy.Event] = deque()  # workers told "enough-work", in turn
         self.steps_done: list[tuple[float, float]] = []  # (end, update seconds)
         self.staleness: dict[str, int] = {}
         self.carry = 0
@@ -168,14 +100,31 @@ class _Run:
         ]
         self.holders: list[dict] = []  # nodes that take versions: {"mbit", "version", "cores"}
         self.procs: list[simpy.Process] = []
+        # one thread updates, another publishes (shardcast/origin.py): a core each
+        self.trainer_node = self.node("trainer", cores=2.0)
+        self.publishing: simpy.Process | None = None
+        self.orchestrator = self.node("orchestrator", cores=1.0)
+        self.relays = [[self.node("relay") for _ in range(n)] for n in swarm.relays if n]
 
     # compute and transfers
 
-    def compute(self, core_s: float, cores: float, role: str, speed: float = 1.0):
+    def node(self, role: str, cores: float = 1.0, speed: float = 1.0, mbit: float = 0.0) -> dict:
+        """A process: on a shared machine, a cgroup of its own (its share of a core
+        and its role's weight) that all its compute joins."""
+        group = None
         if self.cpu is not None:
-            weight = self.s.weights.get(role, 1024.0)
-            return self.cpu.use(core_s, cap=cores, weight=weight)
-        return self.env.timeout(core_s / speed)
+            group = self.cpu.group(cap=cores, weight=self.s.weights.get(role, 1024.0))
+        return {"role": role, "cores": cores, "speed": speed, "mbit": mbit, "group": group,
+                "version": 0, "alive": True, "changed": self.env.event(), "file": None,
+                "pace": self.s.ask_poll_s, "asked": 0}  # fmt: skip
+
+    def compute(self, core_s: float, node: dict, what: str = "", threads: float = math.inf):
+        """`core_s` core-seconds of `node`'s on at most `threads` cores: on the shared
+        machine within its cgroup, else on its own device at its speed."""
+        if self.cpu is not None:
+            tag = f"{node['role']} {what}".strip()
+            return self.cpu.use(core_s, cap=threads, group=node["group"], tag=tag)
+        return self.env.timeout(core_s / node["speed"])
 
     def per_file(self, seconds: float) -> float:
         """A cost measured on files of `Costs.groups` groups, for this swarm's files."""
@@ -195,37 +144,52 @@ class _Run:
 
     def broadcast(self, version: int):
         """Every level fetches at once: a relay serves shards while they arrive
-        (shardcast/relay.py), so a level ends no sooner than its own transfers and
-        the level above it, whichever ends last."""
+        (shardcast/relay.py), so a level ends no sooner than its own transfers, the
+        level above it and, on a shared machine, the CPU its relays spend taking the
+        version in and the CPU the relays above spend sending it (`relay_s_per_mb`),
+        whichever ends last."""
         t0 = self.env.now
         mb = self.c.version_mb
         above = None
-        for level, n in enumerate(self.s.relays, start=1):
-            if not n:
-                continue
+        senders: list[dict] = []  # the level above's relays
+        levels = [n for n in self.s.relays if n]
+        for level, n in enumerate(levels, start=1):
             own = [self.fetch(level - 1, mb, self.s.relay_mbit) for _ in range(n)]
+            own += self.relay_cpu(senders, mb * n) + self.relay_cpu(self.relays[level - 1], mb)
             above = simpy.AllOf(self.env, own + ([above] if above is not None else []))
             self.env.process(self._level_lag(str(level), n, above, t0))
+            senders = self.relays[level - 1]
+        takers = [node for node in self.holders if node["alive"]]
+        if above is not None:
+            above = simpy.AllOf(self.env, [above, *self.relay_cpu(senders, mb * len(takers))])
         last = len(self.pools) - 1
-        for node in list(self.holders):
-            if node["alive"]:
-                self.env.process(self.take(node, version, last, t0, above))
+        for node in takers:
+            self.env.process(self.take(node, version, last, t0, above))
         yield self.env.timeout(0)
+
+    def relay_cpu(self, relays: list[dict], mb: float) -> list[simpy.Event]:
+        """`relays` each handling their share of `mb` (on a shared machine)."""
+        if self.cpu is None or not relays or self.c.relay_s_per_mb <= 0:
+            return []
+        each = self.c.relay_s_per_mb * mb / len(relays)
+        return [self.compute(each, r, "relay") for r in relays]
 
     def _level_lag(self, level: str, n: int, done: simpy.Event, t0: float):
         yield done
         self.lags.setdefault(level, []).extend([self.env.now - t0] * n)
 
     def take(self, node: dict, version: int, level: int, t0: float | None, above=None):
+        if self.c.fetch_latency_s > 0:
+            yield self.env.timeout(self.c.fetch_latency_s)
         cpu = self.c.version_mb * self.c.fetch_s_per_mb  # side by side with the transfer
         parts = [self.fetch(level, self.c.version_mb, node["mbit"]),
-                 self.compute(cpu, node["cores"], node["role"], node["speed"])]  # fmt: skip
+                 self.compute(cpu, node, "fetch")]  # fmt: skip
         if above is not None and not above.processed:
             parts.append(above)  # its relays cannot finish before their own upstream
         yield simpy.AllOf(self.env, parts)
         if t0 is not None:  # a version broadcast, not one fetched on (re)joining
             self.lags.setdefault("nodes", []).append(self.env.now - t0)
-        yield self.compute(self.c.load_s, node["cores"], node["role"], node["speed"])
+        yield self.compute(self.c.load_s, node, "load")
         if version > node["version"]:
             node["version"] = version
             if not node["changed"].triggered:
@@ -235,13 +199,16 @@ class _Run:
 
     def trainer(self):
         s, c = self.s, self.c
-        while self.step <= s.steps:
-            oldest = self.step - s.async_level
+        n = 1  # the step being collected and trained; self.step is the one open to workers
+        while n <= s.steps:
+            oldest = n - s.async_level
             self.expire(oldest)
             have = self.carry
             used: list[_File] = []
             while have < s.batch_groups:
-                fresh = [f for f in self.accepted if f.policy >= oldest]
+                # in key order (trainer/batch.py): the oldest policy first
+                fresh = sorted((f for f in self.accepted if f.policy >= oldest),
+                               key=lambda f: f.policy)  # fmt: skip
                 for f in fresh:
                     self.accepted.remove(f)
                     signal = sum(self.rng.random() < c.signal for _ in range(f.groups))
@@ -255,25 +222,39 @@ class _Run:
                 if have < s.batch_groups:
                     self.arrived = self.env.event()
                     yield self.arrived
+            # its next poll for files, the last file's download, check and consumption: its
+            # seconds where it had a core to itself, spent as CPU (it slows with the machine)
+            yield self.compute(c.collect_s, self.trainer_node, "collect", threads=1.0)
             self.carry = have - s.batch_groups
             for f in used:
                 self.finish(f, "trained")
-                lag = str(self.step - f.policy)
+                lag = str(n - f.policy)
                 self.staleness[lag] = self.staleness.get(lag, 0) + 1
+            # step n + 1 opens as soon as n's batch is in, and workers start on it while
+            # n trains (trainer/loop.py): an older policy's work no longer counts
+            self.step = n + 1
             start = self.env.now
-            yield self.compute(c.train_s, 1.0, "trainer")
+            yield self.compute(c.train_s, self.trainer_node, "update", threads=1.0)
             self.steps_done.append((self.env.now, self.env.now - start))
-            self.published[self.step] = self.env.now
-            self.env.process(self.broadcast(self.step))
-            self.step += 1
-            self.wake()  # an older policy's work no longer counts
-            if not self.new_version.triggered:
-                self.new_version.succeed()
-            self.new_version = self.env.event()
+            self.publishing = self.env.process(self.publish(n, self.publishing))
+            n += 1
+        yield self.publishing
         self.done = True
         for p in self.procs:
             if p.is_alive:
                 p.interrupt("done")
+
+    def publish(self, version: int, before):
+        """On the trainer's background thread, in order: save, hash and sign the
+        version (`publish_s`), then send it down the tree."""
+        if before is not None:
+            yield before
+        yield self.compute(self.c.publish_s, self.trainer_node, "publish", threads=1.0)
+        self.published[version] = self.env.now
+        self.env.process(self.broadcast(version))
+        if not self.new_version.triggered:
+            self.new_version.succeed()
+        self.new_version = self.env.event()
 
     def expire(self, oldest: int) -> None:
         for f in [f for f in self.on_the_way if f.policy < oldest]:
@@ -281,33 +262,31 @@ class _Run:
             if f in self.accepted:
                 self.accepted.remove(f)
 
-    def wake(self) -> None:
-        """Room for more work: the waiting workers that it fits are let in, each after
-        the time until the first of the waiting ones heartbeats again (a heartbeat
-        every `heartbeat_s` at a random phase: on average heartbeat_s / (n + 1))."""
-        s = self.s
-        room = (s.max_pending_groups or s.batch_groups) - self.outstanding()
-        for _ in range(min(len(self.waiting), max(0, room // s.groups_per_file))):
-            wake = self.waiting.popleft()
-            delay = self.rng.uniform(0, 2 * s.heartbeat_s / (len(self.waiting) + 2))
-            self.env.process(self._later(wake, delay))
-
-    def _later(self, event: simpy.Event, delay: float):
-        yield self.env.timeout(delay)
-        if not event.triggered:
-            event.succeed()
+    def pace(self, node: dict):
+        """A worker told to wait (worker's AskPacer, inference/pacing.py): it asks again
+        after its pace, `ask_poll_s` doubling with each such answer up to the
+        heartbeat period, back to `ask_poll_s` after an assignment; cut short, at its
+        next `ask_poll_s` tick, when a version newer than the one it asked with has
+        arrived."""
+        total, tick, t0 = node["pace"], self.s.ask_poll_s, self.env.now
+        node["pace"] = min(2 * node["pace"], max(self.s.ask_poll_s, self.s.heartbeat_s))
+        if node["version"] > node["asked"]:
+            return
+        node["changed"] = self.env.event()
+        yield node["changed"] | self.env.timeout(total)
+        waited = self.env.now - t0
+        if waited < total:
+            yield self.env.timeout(min(total, math.ceil(waited / tick) * tick) - waited)
 
     def consume(self, f: _File) -> None:
         if f.state == "on_the_way":
             self.out[f.policy] -= f.groups
             self.on_the_way.remove(f)
             f.state = "consumed"
-            self.wake()
 
     def finish(self, f: _File, state: str) -> None:
         if f.state in ("open", "on_the_way"):
             self.out[f.policy] -= f.groups
-            self.wake()
         if f in self.on_the_way:
             self.on_the_way.remove(f)
         f.state = state
@@ -329,30 +308,28 @@ class _Run:
             yield from self.restart(node, 0.0)
         while not self.done:
             try:
-                if self.step - node["version"] > max(1, s.async_level - s.work_slack_steps):
-                    node["changed"] = self.env.event()
-                    yield node["changed"]
-                    continue
                 if not self.orchestrator_up:
                     yield self.env.timeout(s.heartbeat_s)
                     continue
-                if self.outstanding() > limit:
-                    wake = self.env.event()  # "enough-work": asks again when room frees
-                    self.waiting.append(wake)
-                    yield wake
+                node["asked"] = node["version"]
+                stale = self.step - node["version"] > max(1, s.async_level - s.work_slack_steps)
+                if stale or self.outstanding() > limit:  # "stale-policy", "enough-work"
+                    yield from self.pace(node)
                     continue
+                node["pace"] = s.ask_poll_s
                 f = _File(node["version"], s.groups_per_file)
                 self.out[f.policy] = self.out.get(f.policy, 0) + f.groups
                 node["file"] = f
-                node["job"] = self.compute(self.per_file(c.file_s), w.cores, "worker", w.speed)
+                node["job"] = self.compute(self.per_file(c.file_s), node, "file")
                 yield node["job"]
                 node["job"] = None
-                node["job"] = self.compute(self.per_file(c.submit_s), w.cores, "worker", w.speed)
+                node["job"] = self.compute(self.per_file(c.submit_s), node, "submit")
                 yield simpy.AllOf(self.env, [node["job"], self.env.timeout(c.file_mb * 8 / w.mbit)])
                 node["job"] = None
                 while not self.orchestrator_up:
                     yield self.env.timeout(s.heartbeat_s)
                 self.requests += 3  # an upload URL, the upload, the submission
+                self.compute(c.orchestrator_s, self.orchestrator, "requests")  # not awaited
                 node["file"] = None
                 self.files["generated"] = self.files.get("generated", 0) + 1
                 if f.state != "open":
@@ -368,7 +345,6 @@ class _Run:
                 f = node.pop("file", None)
                 if f is not None and f.state == "open":
                     self.out[f.policy] -= f.groups  # orphaned, then given to another
-                    self.wake()
                     f.state = "orphaned"
                 self.cancel(node.pop("job", None))
                 self.cancel(node.pop("idle", None))
@@ -380,15 +356,16 @@ class _Run:
     def idle(self, node: dict) -> None:
         """On a shared machine, a live worker burns `idle_cores` besides its files."""
         if self.cpu is not None and self.c.idle_cores > 0:
-            weight = self.s.weights.get(node["role"], 1024.0)
-            cap = min(self.c.idle_cores, node["cores"])  # within the node's own share
-            node["idle"] = self.cpu.use(math.inf, cap=cap, weight=weight)
+            node["idle"] = self.cpu.use(
+                math.inf, cap=self.c.idle_cores, group=node["group"], tag="worker idle"
+            )
 
     def restart(self, node: dict, down_s: float):
         """A worker that was away `down_s` starts (`start_s`), takes the newest version."""
         node["file"] = None
-        yield self.env.timeout(down_s + self.c.start_s)
+        yield self.env.timeout(down_s)
         node["alive"] = True
+        yield self.compute(self.c.start_s, node, "start")
         self.idle(node)
         node["version"] = -math.inf
         node["changed"] = self.env.event()
@@ -402,11 +379,14 @@ class _Run:
         if not self.arrived.triggered:
             self.arrived.succeed()
 
-    def validator(self):
+    def validator(self, node: dict):
         while True:
+            idle = not self.validate.items
             f = yield self.validate.get()
+            if idle:  # it sees the file at its next poll
+                yield self.env.timeout(self.rng.uniform(0, self.s.validator_poll_s))
             start = self.env.now
-            yield self.compute(self.per_file(self.c.validate_s), 1.0, "validator")
+            yield self.compute(self.per_file(self.c.validate_s), node, "check")
             self.validator_busy += self.env.now - start
             self.accept(f)
 
@@ -438,8 +418,7 @@ def simulate(swarm: Swarm, costs: Costs) -> Outcome:
     workers = []
     for w in swarm.workers:
         for _ in range(w.count):
-            node = {"mbit": w.mbit, "version": 0, "cores": w.cores, "speed": w.speed,
-                    "role": "worker", "alive": True, "changed": env.event(), "file": None}  # fmt: skip
+            node = run.node("worker", w.cores, w.speed, w.mbit)
             run.holders.append(node)
             if w.join_step == 0:
                 run.idle(node)
@@ -447,10 +426,9 @@ def simulate(swarm: Swarm, costs: Costs) -> Outcome:
             run.procs.append(proc)
             workers.append((w, node, proc))
     for _ in range(swarm.validators):
-        run.holders.append({"mbit": swarm.validator_mbit, "version": 0, "cores": 1.0,
-                            "speed": 1.0, "role": "validator", "alive": True,
-                            "changed": env.event(), "file": None})  # fmt: skip
-        env.process(run.validator())
+        node = run.node("validator", mbit=swarm.validator_mbit)
+        run.holders.append(node)
+        env.process(run.validator(node))
     env.process(run.events(workers))
     trainer = env.process(run.trainer())
     env.run(until=trainer)
@@ -478,6 +456,7 @@ def simulate(swarm: Swarm, costs: Costs) -> Outcome:
         orchestrator_requests_per_s=round(req_s, 1),
         orchestrator_core_use=round(req_s * costs.request_ms / 1000, 3),
         staleness_histogram=dict(sorted(run.staleness.items())),
+        cpu_s={k: round(v, 1) for k, v in sorted(run.cpu.used_by.items())} if run.cpu else {},
     )
 
 
