@@ -343,6 +343,68 @@ def test_a_server_back_from_a_failure_is_heard_at_once(tmp_path, key):
     assert asked[:3] == ["-1", "0", "-1"]
 
 
+def test_a_version_given_up_on_is_fetched_as_soon_as_a_server_announces_it_again(tmp_path, key):
+    """A relay that announced a version and lost it (its upstream died mid-broadcast:
+    every shard 404s) is given up on; once restarted with the version it announces it
+    again, and the follower fetches it at once, not after FAILED_RETRY_S or its
+    backoff."""
+    import aiohttp
+    from aiohttp import web
+
+    from swarmrl.shardcast import client as client_mod
+
+    w, origin = make_origin(tmp_path, key)
+    data0 = publish(w, 0)
+    origin_url = origin.start()
+    state = {"up": False, "asked": 0}
+
+    async def versions(request):
+        state["asked"] += 1
+        if state["asked"] > 1 and not state["up"]:  # dying, then down
+            raise web.HTTPServiceUnavailable()
+        if request.query["after"] != "-1":
+            await asyncio.sleep(float(request.query["wait"]))
+        return web.json_response({"versions": [0]})
+
+    async def files(request):
+        if request.path.endswith("manifest.json") or state["up"]:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(origin_url + request.path_qs) as r:
+                    return web.Response(body=await r.read(), status=r.status)
+        raise web.HTTPNotFound()
+
+    async def main():
+        app = web.Application()
+        app.add_routes([web.get("/versions", versions), web.get("/v/{tail:.*}", files)])
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        stop = asyncio.Event()
+        got = []
+        client = Follower([url], public_key_hex(key), tmp_path / "client", poll_wait_s=30.0,
+                          on_fetched=got.append)  # fmt: skip
+        task = asyncio.create_task(client.run(stop))
+        try:
+            await until(lambda: 0 in client.failed, timeout=10)  # no server left has it
+            state["up"] = True  # restarted with the version
+            t0 = time.monotonic()
+            await until(lambda: got, timeout=client_mod.FAILED_RETRY_S)
+            return client, time.monotonic() - t0
+        finally:
+            stop.set()
+            await task
+            await runner.cleanup()
+
+    try:
+        client, waited = asyncio.run(main())
+    finally:
+        origin.stop()
+    assert waited < client_mod.FAILED_RETRY_S / 2
+    assert (client.local.path(0) / "model.safetensors").read_bytes() == data0
+
+
 def test_the_server_list_is_followed_as_the_orchestrator_changes_it(tmp_path, key):
     """A node that joined when only a dead server was advertised fetches once the
     refreshed list names a live one; a failed refresh keeps the list; a server
