@@ -1,12 +1,14 @@
 """`swarmrl plan`: what a swarm of a given shape would do, from measured costs.
 
     swarmrl plan --calibrate --save-costs costs.json     # measure this machine's costs
+    swarmrl plan --from-run RUNS/swarm --worker-cores 0.25 --save-costs costs.json
     swarmrl plan --costs costs.json --workers 100 --links 100,1000 --relays 4,16
     swarmrl plan --project docs/plan                      # INTELLECT-2-like runs: table, figure
 
 The costs come from `--costs` (a JSON file `--save-costs` wrote), `--from-run` (a
-finished run's records) or `--calibrate` (a short run here first); the swarm's
-shape from the flags. It prints the model's outcome (plan/model.py) as JSON.
+finished run's records; an emulated swarm's, bench/swarm_scale.py, gives them
+under load: plan/under_load.py) or `--calibrate` (a short run here first); the
+swarm's shape from the flags. It prints the model's outcome (plan/model.py) as JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="capacity planner: a swarm's throughput, lag and staleness")
     src = p.add_argument_group("costs (one of)")
     src.add_argument("--costs", help="JSON costs file (written by --save-costs)")
-    src.add_argument("--from-run", help="read the costs from a finished run's directory")
+    src.add_argument("--from-run", help="read the costs from a finished run's directory "
+                     "(an emulated swarm's: under load)")  # fmt: skip
     src.add_argument("--calibrate", nargs="?", const="configs/tiny.toml", metavar="CONFIG",
                      help="measure them with a short run of CONFIG here (default tiny)")  # fmt: skip
     p.add_argument("--save-costs", help="write the costs used to this JSON file")
