@@ -98,6 +98,12 @@ class Fluid:
     def _rates(self, jobs: list[list]) -> None:
         """Each job's rate: the capacity split among the groups (a job of no group
         is a group of its own), then each group's rate among its jobs."""
+        if not self.groups:  # links: every job on its own
+            for job, rate in zip(
+                jobs, split(self.capacity, [(j[1], j[2]) for j in jobs]), strict=True
+            ):
+                job[3] = rate
+            return
         members: dict[object, list[list]] = {}
         for n, job in enumerate(jobs):
             members.setdefault(("job", n) if job[4] is None else job[4], []).append(job)

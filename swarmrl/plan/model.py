@@ -262,20 +262,29 @@ class _Run:
             if f in self.accepted:
                 self.accepted.remove(f)
 
-    def pace(self, node: dict):
+    def pace(self, node: dict, until_new_version: bool = False):
         """A worker told to wait (worker's AskPacer, inference/pacing.py): it asks again
         after its pace, `ask_poll_s` doubling with each such answer up to the
         heartbeat period, back to `ask_poll_s` after an assignment; cut short, at its
         next `ask_poll_s` tick, when a version newer than the one it asked with has
-        arrived."""
+        arrived. `until_new_version` (told its policy is stale: only a newer version
+        changes that answer): the asks until one arrives are counted, not simulated."""
+        most = max(self.s.ask_poll_s, self.s.heartbeat_s)
         total, tick, t0 = node["pace"], self.s.ask_poll_s, self.env.now
-        node["pace"] = min(2 * node["pace"], max(self.s.ask_poll_s, self.s.heartbeat_s))
         if node["version"] > node["asked"]:
+            node["pace"] = min(2 * total, most)
             return
         node["changed"] = self.env.event()
-        yield node["changed"] | self.env.timeout(total)
+        if until_new_version:
+            yield node["changed"]
+        else:
+            yield node["changed"] | self.env.timeout(total)
         waited = self.env.now - t0
-        if waited < total:
+        while waited >= total:  # each pause that ran out ended in an ask told to wait
+            waited -= total
+            total = min(2 * total, most)
+        node["pace"] = min(2 * total, most)
+        if node["changed"].triggered:
             yield self.env.timeout(min(total, math.ceil(waited / tick) * tick) - waited)
 
     def consume(self, f: _File) -> None:
@@ -314,7 +323,7 @@ class _Run:
                 node["asked"] = node["version"]
                 stale = self.step - node["version"] > max(1, s.async_level - s.work_slack_steps)
                 if stale or self.outstanding() > limit:  # "stale-policy", "enough-work"
-                    yield from self.pace(node)
+                    yield from self.pace(node, until_new_version=stale)
                     continue
                 node["pace"] = s.ask_poll_s
                 f = _File(node["version"], s.groups_per_file)
