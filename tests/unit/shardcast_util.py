@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import time
+from contextlib import asynccontextmanager
 
 from swarmrl.protocol.identity import public_key_hex
 from swarmrl.shardcast.local import LocalWeights
@@ -47,3 +48,21 @@ async def until(cond, timeout=20.0):
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def serving(routes):
+    """A stand-in server on loopback with aiohttp `routes`; its URL. A request it
+    still holds (a long poll) does not hold up the end of the test."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    finally:
+        await runner.cleanup()

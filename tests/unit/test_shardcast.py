@@ -17,6 +17,7 @@ from tests.unit.shardcast_util import (
     SHARD,
     make_origin,
     publish,
+    serving,
     start_relays,
     until,
 )
@@ -277,23 +278,16 @@ def test_nonsense_version_lists_are_ignored_and_polling_goes_on(tmp_path, key):
         return web.Response(body=body, content_type="application/json")
 
     async def main():
-        app = web.Application()
-        app.add_routes([web.get("/versions", versions)])
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        junk = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        stop = asyncio.Event()
-        got = []
-        client = Follower([junk, url], pub, tmp_path / "client", on_fetched=got.append)
-        task = asyncio.create_task(client.run(stop))
-        await until(lambda: got)
-        await asyncio.sleep(4)  # three nonsense answers, one per second: the poll survives
-        stop.set()
-        await task
-        await runner.cleanup()
-        return client, junk
+        async with serving([web.get("/versions", versions)]) as junk:
+            stop = asyncio.Event()
+            got = []
+            client = Follower([junk, url], pub, tmp_path / "client", on_fetched=got.append)
+            task = asyncio.create_task(client.run(stop))
+            await until(lambda: got)
+            await asyncio.sleep(4)  # three nonsense answers, one per second: it survives
+            stop.set()
+            await task
+            return client, junk
 
     try:
         client, junk = asyncio.run(main())
@@ -321,23 +315,16 @@ def test_a_server_back_from_a_failure_is_heard_at_once(tmp_path, key):
         return web.json_response({"versions": [0]})
 
     async def main():
-        app = web.Application()
-        app.add_routes([web.get("/versions", versions)])
-        runner = web.AppRunner(app, shutdown_timeout=0.1)  # a held long poll ends the test
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        stop = asyncio.Event()
-        client = Follower([url], public_key_hex(key), tmp_path / "client", poll_wait_s=30.0)
-        task = asyncio.create_task(client.run(stop))
-        try:
-            await until(lambda: len(asked) >= 3, timeout=5)
-            await until(lambda: client.pool.servers[url].versions == [0], timeout=3)
-        finally:
-            stop.set()
-            await task
-            await runner.cleanup()
+        async with serving([web.get("/versions", versions)]) as url:
+            stop = asyncio.Event()
+            client = Follower([url], public_key_hex(key), tmp_path / "client", poll_wait_s=30.0)
+            task = asyncio.create_task(client.run(stop))
+            try:
+                await until(lambda: len(asked) >= 3, timeout=5)
+                await until(lambda: client.pool.servers[url].versions == [0], timeout=3)
+            finally:
+                stop.set()
+                await task
 
     asyncio.run(main())
     assert asked[:3] == ["-1", "0", "-1"]
@@ -374,28 +361,22 @@ def test_a_version_given_up_on_is_fetched_as_soon_as_a_server_announces_it_again
         raise web.HTTPNotFound()
 
     async def main():
-        app = web.Application()
-        app.add_routes([web.get("/versions", versions), web.get("/v/{tail:.*}", files)])
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        stop = asyncio.Event()
-        got = []
-        client = Follower([url], public_key_hex(key), tmp_path / "client", poll_wait_s=30.0,
-                          on_fetched=got.append)  # fmt: skip
-        task = asyncio.create_task(client.run(stop))
-        try:
-            await until(lambda: 0 in client.failed, timeout=10)  # no server left has it
-            state["up"] = True  # restarted with the version
-            t0 = time.monotonic()
-            await until(lambda: got, timeout=client_mod.FAILED_RETRY_S)
-            return client, time.monotonic() - t0
-        finally:
-            stop.set()
-            await task
-            await runner.cleanup()
+        routes = [web.get("/versions", versions), web.get("/v/{tail:.*}", files)]
+        async with serving(routes) as url:
+            stop = asyncio.Event()
+            got = []
+            client = Follower([url], public_key_hex(key), tmp_path / "client",
+                              poll_wait_s=30.0, on_fetched=got.append)  # fmt: skip
+            task = asyncio.create_task(client.run(stop))
+            try:
+                await until(lambda: 0 in client.failed, timeout=10)  # no server left has it
+                state["up"] = True  # restarted with the version
+                t0 = time.monotonic()
+                await until(lambda: got, timeout=client_mod.FAILED_RETRY_S)
+                return client, time.monotonic() - t0
+            finally:
+                stop.set()
+                await task
 
     try:
         client, waited = asyncio.run(main())
