@@ -33,37 +33,22 @@ from __future__ import annotations
 
 import json
 import platform
-import re
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import datetime
 from pathlib import Path
 
 from swarmrl.plan.model import Costs
-
-FILE = re.compile(r"step \d+ policy \d+: \d+ samples, .* in ([\d.]+)s -> \S+-g(\d+)\.parquet")
-FETCHED = re.compile(r"version (\d+): ([\d.]+) MB in ([\d.]+)s \(")
-LOADED = re.compile(r"loaded policy version (\d+) in ([\d.]+)s")
+from swarmrl.plan.records import FETCHED, FILE, LOADED, log_time, read_jsonl
+from swarmrl.plan.under_load import under_load
 
 
 def _median(xs: list[float], what: str, run: Path) -> float:
     if not xs:
         raise ValueError(f"{run}: no record of {what}: a run with at least 2 steps is needed")
     return statistics.median(xs)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
-
-
-def log_time(line: str) -> float | None:
-    try:
-        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    except ValueError:
-        return None
 
 
 def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
@@ -132,8 +117,6 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
         measured_on=f"{run} ({platform.node()}, {platform.processor() or platform.machine()})",
     )
     if (run / "cpu.jsonl").exists():
-        from swarmrl.plan.under_load import under_load
-
         return under_load(run, costs)
     return costs
 

@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from swarmrl.plan.calibrate import FETCHED, FILE, log_time, read_jsonl
 from swarmrl.plan.model import Costs
+from swarmrl.plan.records import FETCHED, FILE, log_time, read_jsonl
 
 # the first line each kind of process logs when it starts
 STARTS = {"worker": " joining run ", "validator": " started on ", "relay": "relay serving",
