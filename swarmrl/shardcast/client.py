@@ -1,7 +1,7 @@
 """The SHARDCAST client: follow upstream servers, download versions shard by shard.
 
 `Follower` is the engine shared by workers, validators and relays. It long-polls
-every server's `/versions`, and when a version newer than what it holds is
+every server's `/versions` (announce.py), and when a version newer than what it holds is
 announced it fetches the manifest (rejected unless signed by the trusted
 trainer key, for the version asked), then downloads the shards in parallel
 straight into the files of `<root>/step_<n>/`, writing the manifest last.
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -61,31 +60,20 @@ from swarmrl.protocol.manifest import (
     read_manifest,
 )
 from swarmrl.protocol.patch import PatchError, apply_patch
+from swarmrl.shardcast.announce import POLL_WAIT_S, Announcements, BadBody, BadStatus, read_limited
 from swarmrl.shardcast.fastget import FastGet
 from swarmrl.shardcast.local import LocalWeights
-from swarmrl.shardcast.servers import ServerPool, ServerStats, ShardcastError
+from swarmrl.shardcast.servers import ServerPool, ShardcastError
 from swarmrl.shardcast.writer import ShardWriter, open_direct
 
 log = logging.getLogger("swarmrl.shardcast.client")
 
 CHUNK = 4 << 20
 MAX_SHARD_ATTEMPTS = 12
-POLL_WAIT_S = 30.0
-POLL_RETRY_S = 1.0
-MAX_VERSIONS_BYTES = 64 * 1024
-MAX_ANNOUNCED = 64  # per server: the newest ones; retention keeps a handful anyway
 FAILED_RETRY_S = 10.0  # a version given up on is tried again after this long
 MIN_SHARD_BPS = 256 * 1024  # slower than this (after a 10 s grace) counts as a failure
 MAX_CHAIN = 16  # patches walked at most to catch up; further behind takes the files
 PROGRESS_STEP = 4 << 20  # a relay streams in-flight shards onward in steps of this size
-
-
-class _BadStatus(RuntimeError):
-    pass
-
-
-class _BadBody(ValueError):
-    """A server's answer that no honest server sends (too large, malformed)."""
 
 
 class _LocalWriteError(RuntimeError):
@@ -116,20 +104,7 @@ class Fetched:
 ProgressFn = Callable[[int, str, int, int], None]
 
 
-async def _read_limited(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
-    """The whole body, however many reads it takes; more than `limit` bytes is an error."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise _BadBody(f"{what} of {resp.content_length} bytes, limit {limit}")
-    data = bytearray()
-    while len(data) <= limit:
-        chunk = await resp.content.read(limit + 1 - len(data))
-        if not chunk:
-            return bytes(data)
-        data += chunk
-    raise _BadBody(f"{what} larger than {limit} bytes")
-
-
-class Follower:
+class Follower(Announcements):
     """Mirror the newest versions announced by `servers` into `root`.
 
     Hooks (all called on the follower's event loop) let a relay serve what is
@@ -191,80 +166,6 @@ class Follower:
         self.failed: dict[int, str] = {}  # versions given up on, with the reason
         self._failed_at: dict[int, float] = {}
         self.in_flight: int | None = None
-
-    # -- discovery ---------------------------------------------------------
-    async def _poll(self, session: aiohttp.ClientSession, s: ServerStats) -> None:
-        after = -1
-        while True:
-            t0 = time.monotonic()
-            try:
-                url = f"{s.url}/versions?after={after}&wait={self.poll_wait_s}"
-                timeout = aiohttp.ClientTimeout(total=self.poll_wait_s + 15)
-                async with session.get(url, timeout=timeout) as r:
-                    if r.status != 200:
-                        raise _BadStatus(f"HTTP {r.status}")
-                    body = json.loads(await _read_limited(r, MAX_VERSIONS_BYTES, "/versions"))
-                versions = body["versions"] if isinstance(body, dict) else None
-                if not isinstance(versions, list) or not all(
-                    type(v) is int and 0 <= v < 1 << 53 for v in versions
-                ):
-                    raise _BadBody("malformed /versions answer")
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                # Recovered: a server we cannot reach, or that answers nonsense, announces
-                # nothing until it answers again; asked again every second (a relay often
-                # starts before its upstream).
-                if s.versions or isinstance(e, _BadBody):
-                    log.warning("server %s: /versions failed (%s)", s.url, e)
-                s.versions = []
-                # asked for all it has, it answers at once when back: asked for what
-                # comes after the last version it announced (a relay restarted with that
-                # version), it would hold the answer for poll_wait_s, announcing
-                # nothing meanwhile (the emulated swarm: relays stalled for 30 s)
-                after = -1
-                self.pool.changed.set()
-                await asyncio.sleep(POLL_RETRY_S)
-                continue
-            new = sorted(set(versions))[-MAX_ANNOUNCED:]
-            fresh = set(new) - set(s.versions)
-            changed = new != s.versions
-            s.versions = new
-            if fresh:
-                # a version this server did not announce before (a relay back from a
-                # restart, or one that has just got it) is worth a try now, though it
-                # was given up on or the server is backing off: waiting those out
-                # stalled the emulated swarm's nodes for 28 s after a relay's restart
-                for v in fresh:
-                    self._failed_at.pop(v, None)
-                s.backoff_until = 0.0
-            if s.versions:
-                after = s.versions[-1]
-            self.pool.changed.set()
-            if not changed and time.monotonic() - t0 < POLL_RETRY_S:
-                await asyncio.sleep(POLL_RETRY_S)  # an answer that did not wait: pace it
-
-    async def _refresh(self, session: aiohttp.ClientSession, polls: dict) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            try:
-                urls = await asyncio.to_thread(self.servers_from)
-            except Exception as e:  # recovered: the current list stays until the next try
-                log.warning("could not refresh the server list: %s", e)
-                continue
-            if not urls:
-                log.warning("the server list came back empty; keeping %d", len(polls))
-                continue
-            added, withdrawn = self.pool.update(urls)
-            for s in withdrawn:
-                polls.pop(s.url).cancel()
-            for s in added:
-                polls[s.url] = asyncio.create_task(self._poll(session, s))
-            if added or withdrawn:
-                log.info("servers: +%s -%s", [s.url for s in added], [s.url for s in withdrawn])
-
-    def _announced(self) -> set[int]:
-        return {v for s in self.pool.servers.values() for v in s.versions}
 
     # -- main loop ----------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -464,12 +365,12 @@ class Follower:
             try:
                 async with session.get(f"{s.url}/v/{version}/manifest.json") as r:
                     if r.status != 200:
-                        raise _BadStatus(f"HTTP {r.status}")
-                    raw = await _read_limited(r, MAX_MANIFEST_BYTES, "manifest")
-            except _BadBody as e:
+                        raise BadStatus(f"HTTP {r.status}")
+                    raw = await read_limited(r, MAX_MANIFEST_BYTES, "manifest")
+            except BadBody as e:
                 self.pool.bad_data(s, f"manifest {version}: {e}")
                 continue
-            except (aiohttp.ClientError, TimeoutError, _BadStatus) as e:
+            except (aiohttp.ClientError, TimeoutError, BadStatus) as e:
                 self.pool.failure(s, f"manifest {version}: {e}")
                 continue
             try:
@@ -565,7 +466,7 @@ class Follower:
                     await self._stream(session, s, version, fe, index, sh, st)
             except _LocalWriteError as e:
                 raise ShardcastError(f"{fe.name} shard {index}: writing failed: {e}") from e
-            except (aiohttp.ClientError, TimeoutError, _BadStatus, OSError) as e:
+            except (aiohttp.ClientError, TimeoutError, BadStatus, OSError) as e:
                 # Recovered: keep what arrived; resume with Range on the best server
                 # (a server slower than MIN_SHARD_BPS is cut off by the timeout).
                 self.pool.failure(s, f"{fe.name}/{index}: {type(e).__name__}: {e}")
@@ -603,14 +504,14 @@ class Follower:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
         async with session.get(url, headers=headers, timeout=timeout) as r:
             if r.status != expect_status:
-                raise _BadStatus(f"HTTP {r.status}")
+                raise BadStatus(f"HTTP {r.status}")
             if r.content_length != expect_length:
-                raise _BadStatus(f"Content-Length {r.content_length}, expected {expect_length}")
+                raise BadStatus(f"Content-Length {r.content_length}, expected {expect_length}")
             end = sh.size
             while st.pos < end:
                 chunk = await r.content.readany()
                 if not chunk:
-                    raise _BadStatus(f"connection closed at {st.pos}/{sh.size} bytes")
+                    raise BadStatus(f"connection closed at {st.pos}/{sh.size} bytes")
                 if st.pos + len(chunk) > end:
-                    raise _BadStatus("more bytes than the shard holds")
+                    raise BadStatus("more bytes than the shard holds")
                 on_data(chunk)
