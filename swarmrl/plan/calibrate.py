@@ -57,7 +57,7 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
     run = Path(run)
     if not (run / "metrics.jsonl").exists():
         raise ValueError(f"{run}: no metrics.jsonl, not a run directory")
-    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    metrics = read_jsonl(run / "metrics.jsonl")
     files, loads, starts, groups, fetches = [], [], [], [], []
     for log in sorted((run / "logs").glob("worker-*.log")):
         joined = None
@@ -75,12 +75,7 @@ def from_run(run: Path, worker_cores: float = 1.0) -> Costs:
                 t = log_time(line)
                 starts.append(t - joined) if t is not None else None
                 joined = None
-    verdicts = run / "verdicts.jsonl"
-    checks = [
-        json.loads(x)["seconds"]
-        for x in (verdicts.read_text().splitlines() if verdicts.exists() else [])
-        if x and "seconds" in json.loads(x)
-    ]
+    checks = [v["seconds"] for v in read_jsonl(run / "verdicts.jsonl") if "seconds" in v]
     published = read_jsonl(run / "published.jsonl")
     sent = [
         p["full_bytes"] if p.get("patch_dropped", True) or not p.get("patch_bytes")
