@@ -137,6 +137,7 @@ def score_row(cfg: RunConfig, tokenizer, p: AssignedPrompt, g: int, j: int, c: C
         "target_length": p.target_length,
         "seed": p.seeds[j],
         "temperature": cfg.sampling.temperature,
+        "top_p": cfg.sampling.top_p,
         "proofs": c.proofs,
         "task_type": p.task.task_type,
         "prompt": p.text,

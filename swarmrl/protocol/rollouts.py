@@ -1,12 +1,15 @@
 """Rollout files: one parquet file per upload, one row per completion, whole groups.
 
-Version 2 (written today) carries trajectories: `completion_tokens` holds every
+Version 3 (written today) carries trajectories: `completion_tokens` holds every
 span after the prompt in order (model, environment, model, ...), and
 `completion_mask` says which tokens the model sampled (1) and which the
 environment inserted (0: a tool's result, a user turn); the log-prob of an
-environment token is 0. The version is in the parquet metadata
-(`swarmrl.rollouts`). A version-1 file (no such key, no mask column) reads as one
-model span: every row gets a mask of ones, so the readers have one code path.
+environment token is 0. Each row records the temperature and the nucleus
+(`top_p`) it was sampled at. The version is in the parquet metadata
+(`swarmrl.rollouts`). Older files read into the same rows, so the readers have
+one code path: a version-1 file (no such key, no mask column) as one model span
+(a mask of ones), a version-1 or -2 file (no `top_p`) as top_p 1.0, which a run
+with a nucleus then refuses.
 
 The schema (docs/reference/formats.md) is checked exactly on read: a file with
 a missing, extra or mistyped column, a list longer than the configured limits,
@@ -69,10 +72,13 @@ SCHEMA_V1 = pa.schema(
         ("completion", pa.string()),
     ]
 )
-VERSION = 2
+VERSION = 3
 VERSION_KEY = b"swarmrl.rollouts"  # parquet key-value metadata: the file's version
 _MASK = pa.field("completion_mask", pa.list_(pa.int8()))
-SCHEMA = SCHEMA_V1.insert(SCHEMA_V1.get_field_index("completion_logprobs") + 1, _MASK)
+SCHEMA_V2 = SCHEMA_V1.insert(SCHEMA_V1.get_field_index("completion_logprobs") + 1, _MASK)
+_TOP_P = pa.field("top_p", pa.float32())
+SCHEMA = SCHEMA_V2.insert(SCHEMA_V2.get_field_index("temperature") + 1, _TOP_P)
+SCHEMAS = {1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA}
 COLUMNS = SCHEMA.names
 MAX_FILE_BYTES = 256 * 1024 * 1024
 MAX_DECODED_BYTES = 1024 * 1024 * 1024  # all columns, decoded: the budget's ceiling
@@ -134,7 +140,8 @@ def decode_memory(max_decoded: int) -> int:
 
 
 def write_rollouts(rows: list[dict]) -> bytes:
-    """A version-2 file; a row without `completion_mask` is one model span."""
+    """A version-3 file; a row without `completion_mask` is one model span. Every row
+    says the nucleus it was sampled from (`top_p`), as it says its temperature."""
     rows = [
         r if "completion_mask" in r else r | {"completion_mask": [1] * len(r["completion_tokens"])}
         for r in rows
@@ -163,7 +170,7 @@ def file_version(schema: pa.Schema) -> int:
     if VERSION_KEY not in meta:
         return 1
     raw = meta[VERSION_KEY]
-    if raw not in (b"1", b"2"):
+    if raw not in (b"1", b"2", b"3"):
         raise RolloutFileError(f"rollout file version {raw[:20]!r} is not one this reader knows")
     return int(raw)
 
@@ -192,9 +199,12 @@ def read_rollouts(
         rows = table.to_pylist()
     except Exception as e:  # the child checked the columns; a failure here is still the file's
         raise RolloutFileError(f"unreadable columns: {type(e).__name__}: {e}") from None
-    if file_version(table.schema) == 1:
-        for r in rows:
+    version = file_version(table.schema)
+    for r in rows:
+        if version == 1:
             r["completion_mask"] = [1] * len(r["completion_tokens"])
+        if version < 3:  # before the column: read as the whole distribution, so that a
+            r["top_p"] = 1.0  # run with a nucleus (top_p < 1) refuses such a file
     _check_rows(rows, limits)
     return rows
 
@@ -221,7 +231,7 @@ def decode_table(data: bytes, limits: Limits, max_decoded: int) -> pa.Table:
     except Exception as e:  # any decoding failure means a corrupt file
         raise RolloutFileError(f"not a readable parquet file: {type(e).__name__}: {e}") from None
     version = file_version(schema)
-    expected = SCHEMA if version == 2 else SCHEMA_V1
+    expected = SCHEMAS[version]
     missing = [c for c in expected.names if c not in schema.names]
     extra = [c for c in schema.names if c not in expected.names]
     if missing or extra:
@@ -374,9 +384,11 @@ def _check_rows(rows: list[dict], limits: Limits) -> None:
                 f"row {i}: {len(r['completion_logprobs'])} logprobs for {n} tokens"
             )
         _check_mask(i, r, limits)
-        for name in ("reward", "task_reward", "length_penalty", "temperature"):
+        for name in ("reward", "task_reward", "length_penalty", "temperature", "top_p"):
             if not math.isfinite(r[name]):
                 raise RolloutFileError(f"row {i}: {name} is not finite")
+        if not 0.0 < r["top_p"] <= 1.0:
+            raise RolloutFileError(f"row {i}: top_p {r['top_p']} is not in (0, 1]")
         if not all(math.isfinite(x) and x <= 0.0 for x in r["completion_logprobs"]):
             raise RolloutFileError(f"row {i}: log-probs must be finite and <= 0")
         if r["policy_step"] < 0 or r["policy_step"] > r["step"]:

@@ -136,8 +136,8 @@ class OrchestratorQueue:
 
 class BatchCollector:
     """`validators`: the keys whose signed verdicts are trusted (None: validation is
-    off, files are taken with the schema checks only). `temperature`: the run's; a
-    file sampled at another is rejected. `spot_checks`: files the
+    off, files are taken with the schema checks only). `temperature`, `top_p`: the
+    run's; a file sampled at another temperature or nucleus is rejected. `spot_checks`: files the
     orchestrator did not draw for validation are taken without a verdict."""
 
     def __init__(
@@ -149,9 +149,11 @@ class BatchCollector:
         validators: list[str] | None = None,
         spot_checks: bool = False,
         temperature: float = 1.0,
+        top_p: float = 1.0,
     ):
         self.queue = queue
         self.temperature = temperature
+        self.top_p = top_p
         self.validators = validators
         self.spot_checks = spot_checks
         # sha256 -> policy version of the files taken while they could still be fresh:
@@ -244,14 +246,16 @@ class BatchCollector:
             rows = read_rollouts(data, self.limits)
             if any(r["policy_step"] != info["policy"] for r in rows):
                 raise RolloutFileError("policy_step column disagrees with the file's key")
-            # the trainer's log-probs are taken at the file's temperature: an unchecked
-            # file must not choose it (a validator checks it only on the files it draws)
+            # the trainer's log-probs are taken at the file's temperature and nucleus: an
+            # unchecked file must not choose them (a validator checks the files it draws)
             if any(
                 not math.isclose(r["temperature"], self.temperature, rel_tol=1e-6) for r in rows
             ):
                 raise RolloutFileError(
                     f"sampled at another temperature than the run's {self.temperature:g}"
                 )
+            if any(not math.isclose(r["top_p"], self.top_p, rel_tol=1e-6) for r in rows):
+                raise RolloutFileError(f"sampled at another top_p than the run's {self.top_p:g}")
         except RolloutFileError as e:
             self.reject(f.key, str(e))
             batch.rejected_files += 1

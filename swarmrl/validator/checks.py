@@ -10,7 +10,7 @@
    seeds are recomputed from (run seed, node, step, counter) and the sampler
    state the trainer issued for the step (difficulty level, down-weighted
    problems; a step with no issued state fails closed), and the temperature
-   from the config;
+   and nucleus (top_p) from the config;
 5. termination: a completion ends on its first end-of-sequence token or at
    the length limit; anything shorter is a truncation. A trajectory (a run
    with `[env]`) is replayed instead (inference/trajectory.py: `replay`):
@@ -201,11 +201,14 @@ def _check_assignment(ctx: Context, info: dict, rows: list[dict]) -> list:
         seen[r["group"]] = j + 1
         if r["seed"] != p.seeds[j]:
             bad_seed.append(i)
-        if not math.isclose(r["temperature"], cfg.sampling.temperature, rel_tol=1e-6):
+        if not (
+            math.isclose(r["temperature"], cfg.sampling.temperature, rel_tol=1e-6)
+            and math.isclose(r["top_p"], cfg.sampling.top_p, rel_tol=1e-6)
+        ):
             bad_temp.append(i)
     _failing("assignment", "are not the assigned prompts", bad_prompt, len(rows))
     _failing("assignment", "do not carry their assigned seeds", bad_seed, len(rows))
-    _failing("assignment", "were sampled at another temperature", bad_temp, len(rows))
+    _failing("assignment", "were sampled at another temperature or top_p", bad_temp, len(rows))
     return plan
 
 

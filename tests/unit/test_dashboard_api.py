@@ -18,7 +18,7 @@ def _rows(node: str, step: int, policy: int) -> list[dict]:
         {"problem_id": "p7", "group": 0, "prompt_tokens": [1, 2], "completion_tokens": [3, 4, 5],
          "completion_logprobs": [-0.1, -0.2, -0.3], "reward": r, "task_reward": r,
          "length_penalty": 0.0, "target_length": 0, "step": step, "policy_step": policy,
-         "seed": 11, "temperature": 1.0, "proofs": b"", "node": node, "task_type": "reverse",
+         "seed": 11, "temperature": 1.0, "top_p": 1.0, "proofs": b"", "node": node, "task_type": "reverse",
          "prompt": "reverse: abc <b>", "completion": text}
         for r, text in ((1.0, "cba"), (0.0, "<script>x</script>"))
     ]  # fmt: skip

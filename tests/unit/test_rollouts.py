@@ -7,6 +7,7 @@ import pytest
 from swarmrl.protocol.rollouts import (
     SCHEMA,
     SCHEMA_V1,
+    SCHEMA_V2,
     VERSION_KEY,
     Limits,
     RolloutFileError,
@@ -35,6 +36,7 @@ def make_rows(groups: int = 2, g: int = 3, step: int = 5, policy: int = 4) -> li
                     "policy_step": policy,
                     "seed": 123,
                     "temperature": 1.0,
+                    "top_p": 1.0,
                     "proofs": b"",
                     "node": "ab" * 16,
                     "task_type": "reverse_text",
@@ -147,7 +149,7 @@ def test_a_trajectory_round_trips_and_a_version_1_file_reads_as_one_model_span()
     rows = _trajectory_rows()
     data = write_rollouts(rows)
     schema = pq.read_schema(io.BytesIO(data))
-    assert schema.metadata[VERSION_KEY] == b"2" and "completion_mask" in schema.names
+    assert schema.metadata[VERSION_KEY] == b"3" and "completion_mask" in schema.names
     back = read_rollouts(data, Limits(group_size=2, max_turns=2))
     assert back[0] == rows[0] and back[1]["completion_mask"] == [1, 1]
     assert spans(back[0]["completion_mask"]) == [(0, 2, True), (2, 4, False), (4, 6, True)]
@@ -184,6 +186,23 @@ def test_a_bad_trajectory_is_refused_with_a_reason():
     v1 = pa.Table.from_pylist(make_rows(), schema=SCHEMA_V1.with_metadata({VERSION_KEY: b"2"}))
     with pytest.raises(RolloutFileError, match=r"missing columns \['completion_mask'\]"):
         read_rollouts(_table_bytes(v1))
-    v3 = table.replace_schema_metadata({VERSION_KEY: b"3"})
-    with pytest.raises(RolloutFileError, match="version b'3' is not one this reader knows"):
-        read_rollouts(_table_bytes(v3))
+    v4 = table.replace_schema_metadata({VERSION_KEY: b"4"})
+    with pytest.raises(RolloutFileError, match="version b'4' is not one this reader knows"):
+        read_rollouts(_table_bytes(v4))
+
+
+def test_each_row_says_its_nucleus_and_a_file_before_the_column_reads_as_the_whole():
+    """Version 3 records top_p per row, as temperature is; a version-2 file (no such
+    column) reads as top_p 1.0, so that only a run without a nucleus takes it."""
+    rows = [r | {"top_p": 0.9} for r in make_rows()]
+    assert [r["top_p"] for r in read_rollouts(write_rollouts(rows))] == pytest.approx([0.9] * 6)
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(RolloutFileError, match="top_p"):
+            read_rollouts(write_rollouts([r | {"top_p": bad} for r in make_rows()]))
+    v2_rows = [{k: v for k, v in r.items() if k != "top_p"} for r in _trajectory_rows()]
+    for r in v2_rows:
+        r.setdefault("completion_mask", [1] * len(r["completion_tokens"]))
+    v2 = pa.Table.from_pylist(v2_rows, schema=SCHEMA_V2.with_metadata({VERSION_KEY: b"2"}))
+    back = read_rollouts(_table_bytes(v2), Limits(group_size=2, max_turns=2))
+    assert [r["top_p"] for r in back] == [1.0, 1.0]
+    assert [r["completion_mask"] for r in back] == [r["completion_mask"] for r in v2_rows]

@@ -120,15 +120,19 @@ def test_a_file_voided_before_consumption_is_not_used():
 
 def test_samples_carry_what_was_sampled_and_a_foreign_temperature_is_refused():
     """An unchecked file chooses nothing the trainer's log-probs depend on: a file sampled
-    at another temperature than the run's is rejected; the others' samples carry their
-    recorded log-probs, temperature, node, file and whether a validator checked them."""
+    at another temperature or nucleus than the run's is rejected; the others' samples
+    carry their recorded log-probs, temperature, node, file and whether a validator
+    checked them."""
     q = MemoryQueue()
     hot = [r | {"temperature": 1e-3} for r in make_rows(groups=2, g=3, step=5, policy=4)]
     k_hot = put(q, 5, 4, hot, 1)
+    narrow = [r | {"top_p": 0.5, "seed": 3} for r in make_rows(groups=2, g=3, step=5, policy=4)]
+    k_narrow = put(q, 5, 4, narrow, 2)
     rows = make_rows(groups=2, g=3, step=5, policy=4)
-    k_ok = put(q, 5, 4, [r | {"seed": 9} for r in rows], 2)
+    k_ok = put(q, 5, 4, [r | {"seed": 9} for r in rows], 3)
     batch = BatchCollector(q, Limits(group_size=3), async_level=2, poll_s=0.01).collect(5, 2)
     assert "another temperature than the run's 1" in q.rejected[k_hot]
+    assert "another top_p than the run's 1" in q.rejected[k_narrow]
     assert batch.consumed == [k_ok]
     s = batch.samples[0]
     assert s.behav_logprobs == pytest.approx(rows[0]["completion_logprobs"])

@@ -287,6 +287,16 @@ def test_the_issued_difficulty_is_enforced(random_model_dir, tmp_path):
     assert not v.accepted and v.check == "assignment" and "unreadable" in v.reason
 
 
+def test_a_file_that_says_another_nucleus_is_rejected(setup):
+    """The rows' recorded top_p must be the run's, as their temperature must."""
+    cfg, tmp, judge, maker = setup
+    key, data = maker.file(step=3)
+    narrow = write_rollouts([r | {"top_p": 0.5} for r in read_rollouts(data)])
+    v = _judge(judge, key, narrow)
+    assert not v.accepted and v.check == "assignment", (v.check, v.reason)
+    assert "another temperature or top_p" in v.reason
+
+
 def test_configured_proof_thresholds_are_applied(setup):
     """validator.max_mantissa_* reach the TOPLOC check: with a zero mantissa allowance
     the bfloat16-rounded policy, which passes the published thresholds, fails its proofs."""
