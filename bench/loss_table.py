@@ -88,10 +88,11 @@ def run_one(cfg, loss: str, correction: str, seed: int, steps: int, lag: int, n_
     from swarmrl.protocol.sampler import SamplerState
     from swarmrl.protocol.seeds import derive_seed
     from swarmrl.tasks.sources.task_source import TaskSource
+    from swarmrl.trainer import lora
     from swarmrl.trainer.advantages import scale_advantages
     from swarmrl.trainer.correction import mismatch_metrics
     from swarmrl.trainer.losses import advantage_scale
-    from swarmrl.trainer.step import grpo_update
+    from swarmrl.trainer.step import grpo_update, set_lr
 
     t0 = time.time()
     tc = cfg.trainer.model_copy(update={"loss": loss, "is_correction": correction})
@@ -100,11 +101,18 @@ def run_one(cfg, loss: str, correction: str, seed: int, steps: int, lag: int, n_
     tok = load_tokenizer(cfg.model.path)
     policy = load_model(cfg.model.path)
     engine = HFBackend.around(copy.deepcopy(policy))
+    if tc.lora.rank:  # adapters trained; workers run the merged weights
+        policy = lora.wrap(policy, tc.lora)
     opt = torch.optim.AdamW(
-        policy.parameters(), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay
+        lora.trainable(policy), lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay
     )
     source = TaskSource(cfg.task, seed)
-    versions = {0: copy.deepcopy(policy.state_dict())}
+
+    def weights() -> dict:
+        state = lora.merged_state(policy) if tc.lora.rank else policy.state_dict()
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    versions = {0: weights()}
     budget = tc.token_budget or tc.batch_groups * cfg.worker.group_size * (
         cfg.sampling.max_new_tokens
     )
@@ -124,19 +132,26 @@ def run_one(cfg, loss: str, correction: str, seed: int, steps: int, lag: int, n_
                 break
         samples = [s for g in groups[: tc.batch_groups] for s in g]
         scale_advantages(samples, advantage_scale(tc))
+        set_lr(opt, tc, step)
+        t_train = time.time()
         stats = grpo_update(policy, None, opt, samples, tc, budget, tok.pad_token_id,
                             top_p=cfg.sampling.top_p)  # fmt: skip
-        versions[step] = copy.deepcopy(policy.state_dict())
+        versions[step] = weights()
         versions.pop(step - lag - 1, None)
         row = {"step": step, "entropy": stats.entropy, "clip_fraction": stats.clip_fraction,
+               "train_s": time.time() - t_train,
                **mismatch_metrics(samples, stats.mismatch, step)}  # fmt: skip
         rows_out.append(row)
-    final = held_out(policy, tok, cfg, n_eval)
+    engine.model.load_state_dict(versions[steps])  # what a worker would run
+    final = held_out(engine.model, tok, cfg, n_eval)
     kls = [r["mismatch_kl"] for r in rows_out if "mismatch_kl" in r]
     return {
         "loss": loss, "correction": correction, "seed": seed, "steps": steps, "lag": lag,
         "start": start, "final": final, "entropy_end": rows_out[-1]["entropy"],
         "mismatch_kl": sum(kls) / max(len(kls), 1),
+        "clip_fraction": sum(r["clip_fraction"] for r in rows_out) / len(rows_out),
+        "trained_parameters": sum(p.numel() for p in lora.trainable(policy)),
+        "train_s": sum(r["train_s"] for r in rows_out),
         "excluded": sum(r.get("is_excluded_fraction", 0.0) for r in rows_out) / len(rows_out),
         "sampled_reward_first": sum(rewards[:3]) / 3, "sampled_reward_last": rewards[-1],
         "files": counter, "seconds": time.time() - t0, "per_step": rows_out,
@@ -170,6 +185,7 @@ def main() -> None:
         for loss in args.losses.split(","):
             for correction in args.corrections.split(","):
                 res = run_one(cfg, loss, correction, seed, args.steps, args.lag, args.eval, start)
+                res["settings"] = " ".join(args.overrides) or "defaults"
                 print(json.dumps(res), flush=True)
                 results.append(res)
                 if args.out:
@@ -180,15 +196,16 @@ def main() -> None:
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| loss | correction | seed | held-out start → end | gain (points) | entropy at end "
-        "| mismatch KL (mean) | excluded | s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| loss | correction | settings | seed | held-out start → end | gain (points) "
+        "| entropy at end | clipped | mismatch KL (mean) | excluded | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['loss']} | {r['correction']} | {r['seed']} | {r['start']:.3f} → "
-            f"{r['final']:.3f} | {100 * (r['final'] - r['start']):+.1f} | "
-            f"{r['entropy_end']:.3f} | {r['mismatch_kl']:.4f} | {r['excluded']:.4f} | "
+            f"| {r['loss']} | {r['correction']} | {r.get('settings', '')} | {r['seed']} | "
+            f"{r['start']:.3f} → {r['final']:.3f} | {100 * (r['final'] - r['start']):+.1f} | "
+            f"{r['entropy_end']:.3f} | {r['clip_fraction']:.4f} | {r['mismatch_kl']:.4f} | "
+            f"{r['excluded']:.4f} | "
             f"{r['seconds']:.0f} |"
         )
     return "\n".join(lines)

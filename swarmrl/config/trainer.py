@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from swarmrl.config.base import DEVICE_SETTING, Section
 from swarmrl.config.diloco import DilocoConfig
@@ -27,6 +27,27 @@ class TrainerDilocoConfig(DilocoConfig):
     )
 
 
+class TrainerLoraConfig(Section):
+    """[trainer.lora]: train low-rank adapters instead of every weight (trainer/lora.py)."""
+
+    rank: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="r: the adapters' rank (0: off, every weight trained). Not built into "
+        "the swarm yet, which refuses a rank above 0; bench/loss_table.py trains adapters.",
+    )
+    alpha: float = Field(
+        32.0, gt=0.0, le=1e6, description="α: an adapter adds (α/r)·B·A to its layer's weight."
+    )
+    target_modules: list[str] = Field(
+        ["all-linear"],
+        min_length=1,
+        description="The layers adapted: module names (q_proj, ...) or all-linear (every "
+        "linear layer but the output head).",
+    )
+
+
 class TrainerConfig(Section):
     """The GRPO trainer."""
 
@@ -36,7 +57,8 @@ class TrainerConfig(Section):
         ge=0.0,
         le=1e6,
         description="End the run after the step that reaches this many minutes since the "
-        "trainer started (0: no limit; `steps` still caps it).",
+        "trainer started (0: no limit; `steps` still caps it). What such a run learns "
+        "depends on the machine's speed; a budget of `steps` does not.",
     )
     batch_groups: int = Field(
         16, ge=1, le=100_000, description="Prompt groups with nonzero advantage per step."
@@ -48,6 +70,13 @@ class TrainerConfig(Section):
         "on its cached keys and values (same log-probs and gradients, fewer tokens).",
     )
     lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="The learning rate rises linearly over this many steps to `lr` "
+        "(step k of them trains at lr·k/warmup_steps); 0: `lr` from the first step.",
+    )
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
     optimizer_steps: int = Field(
@@ -70,7 +99,13 @@ class TrainerConfig(Section):
     epsilon_high: float = Field(
         0.28, gt=0.0, le=10.0, description="dapo: upper clip range ε_high (clip-higher)."
     )
-    delta: float = Field(4.0, gt=1.0, le=1000.0, description="grpo: two-sided clip bound δ on r.")
+    delta: float = Field(
+        4.0,
+        gt=1.0,
+        le=1000.0,
+        description="grpo: two-sided clip bound δ on r; at least 1 + epsilon (a bound inside "
+        "the clip range would cut what the clip already keeps).",
+    )
     gspo_epsilon_low: float = Field(
         3e-4, gt=0.0, lt=1.0, description="gspo: lower clip range of the sequence ratio."
     )
@@ -87,17 +122,32 @@ class TrainerConfig(Section):
             "recorded log-probs (trainer/correction.py): none, truncated at is_cap per token "
             "or sequence (token_tis, seq_tis), masked outside [is_low, is_high] per token or "
             "sequence (token_mis, seq_mis), or sequences masked by the geometric mean of "
-            "their token weights (geo_mask).",
+            "their token weights outside [geo_low, geo_high] (geo_mask).",
         )
     )
     is_cap: float = Field(
         2.0, ge=1.0, le=1e6, description="C: the largest importance weight (token_tis, seq_tis)."
     )
     is_low: float = Field(
-        0.5, ge=0.0, le=1.0, description="lo: smaller weights are masked (*_mis, geo_mask)."
+        0.5, ge=0.0, le=1.0, description="lo: smaller weights are masked (token_mis, seq_mis)."
     )
     is_high: float = Field(
-        2.0, ge=1.0, le=1e6, description="hi: larger weights are masked (*_mis, geo_mask)."
+        2.0, ge=1.0, le=1e6, description="hi: larger weights are masked (token_mis, seq_mis)."
+    )
+    geo_low: float = Field(
+        0.98,
+        ge=0.0,
+        le=1.0,
+        description="geo_mask: a sequence whose per-token geometric mean weight is smaller is "
+        "masked. A mean over tokens stays near 1 where one token's weight does not, so its "
+        "bounds are far tighter than the per-token ones.",
+    )
+    geo_high: float = Field(
+        1.02,
+        ge=1.0,
+        le=1e6,
+        description="geo_mask: a sequence whose per-token geometric mean weight is larger "
+        "is masked.",
     )
     entropy_coef: float = Field(0.0, ge=0.0, le=1.0, description="Entropy bonus weight.")
     kl_coef: float = Field(0.0, ge=0.0, le=10.0, description="KL-to-reference weight (k3).")
@@ -128,3 +178,15 @@ class TrainerConfig(Section):
     diloco: TrainerDilocoConfig = Field(
         default_factory=TrainerDilocoConfig, description="DiLoCo across trainer sites."
     )
+    lora: TrainerLoraConfig = Field(
+        default_factory=TrainerLoraConfig, description="LoRA adapters (trainer/lora.py)."
+    )
+
+    @model_validator(mode="after")
+    def _delta_outside_the_clip(self) -> TrainerConfig:
+        if self.delta < 1.0 + self.epsilon:
+            raise ValueError(
+                f"trainer.delta ({self.delta:g}) must be at least 1 + trainer.epsilon "
+                f"({1.0 + self.epsilon:g}): the two-sided bound sits outside the clip range"
+            )
+        return self

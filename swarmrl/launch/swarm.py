@@ -427,7 +427,9 @@ def launch(
     from swarmrl.envs.environment import environment_of
     from swarmrl.launch.disk import check_disk
     from swarmrl.models.loading import resolve_model_path
+    from swarmrl.trainer.lora import refuse_in_swarm
 
+    refuse_in_swarm(cfg)
     resolve_model_path(cfg.model.path)  # fail before starting anything
     environment_of(cfg)  # an environment a validator could not recompute: refused now
     cheat_kinds = _cheat_list(cheaters, cheats, cfg.env.kind != "none")
@@ -437,7 +439,6 @@ def launch(
     swarm = plan_swarm(cfg, config_path, overrides, resume, cheat_kinds, place)
     workers = len(swarm.workers) + len(swarm.cheaters)
     check_disk(cfg, len(swarm.relays), len(swarm.validators), workers)  # before anything
-    heldout.before(cfg, run)
     code = 1
     try:
         with Supervisor(swarm.procs) as supervisor:
@@ -450,8 +451,11 @@ def launch(
                 code = supervisor.watch(poll_s, watch)
             finally:  # all but the orchestrator, which takes the final held-out score
                 stop_all([p for p in swarm.procs if p is not swarm.orchestrator], code == 0)
-        # out of the supervisor's signal handlers: Ctrl-C stops the final scoring too
+        # out of the supervisor's signal handlers: Ctrl-C stops the scoring too. Both
+        # policies are scored once the swarm is done: the check neither delays the first
+        # step nor shares the cores with the swarm
         if code == 0:
+            heldout.before(cfg, run, swarm.url)
             for line in summary_lines(cfg, run, watch.ledger, swarm.url):
                 print(f"swarmrl: {line}")
     finally:

@@ -21,7 +21,12 @@ weight multiplies each token's loss and is never differentiated.
     token_mis  w_t = w_t if lo ≤ w_t ≤ hi, else 0      masked per token
     seq_tis    w_i = min(Π_t w_t, C) for every token   truncated per sequence
     seq_mis    w_i = Π_t w_t if lo ≤ Π_t w_t ≤ hi, else 0
-    geo_mask   1 if lo ≤ (Π_t w_t)^(1/|y|) ≤ hi, else 0  (geometric mean; mask only)
+    geo_mask   1 if glo ≤ (Π_t w_t)^(1/|y|) ≤ ghi, else 0  (geometric mean; mask only)
+
+The geometric mean of a sequence's weights averages its per-token log-ratios, so
+it strays from 1 far less than one token's weight does: geo_mask has bounds of
+its own (`geo_low`, `geo_high`; 0.98 and 1.02), which at the token bounds (0.5,
+2) would never fire.
 
 What a forged log-prob can do. Log-probs are checked by a validator only on
 the files it draws; on the others a worker may write anything. Writing them
@@ -58,7 +63,9 @@ class Correction:
 
     @classmethod
     def of(cls, cfg) -> Correction:
-        """From a TrainerConfig."""
+        """From a TrainerConfig: geo_mask takes its own bounds."""
+        if cfg.is_correction == "geo_mask":
+            return cls(cfg.is_correction, cfg.is_cap, cfg.geo_low, cfg.geo_high)
         return cls(cfg.is_correction, cfg.is_cap, cfg.is_low, cfg.is_high)
 
 

@@ -160,6 +160,9 @@ def trusted_validators(cfg: RunConfig) -> list[str] | None:
 def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
     """The trainer; under torchrun (WORLD_SIZE > 1) rank 0 runs this loop and the other
     ranks follow it (trainer/ranks.py)."""
+    from swarmrl.trainer.lora import refuse_in_swarm
+
+    refuse_in_swarm(cfg)
     device = resolve_device(cfg.trainer.device, "trainer.device")
     rank, world = init_distributed(device)
     torch.set_num_threads(cfg.trainer.threads)
@@ -360,6 +363,7 @@ def _collector(cfg: RunConfig, client: OrchestratorClient, begin: _Start) -> Bat
         trusted_validators(cfg),
         spot_checks=cfg.validator.sample_rate < 1.0,
         temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
     )
     collector.carry = begin.carry
     collector.taken = begin.taken

@@ -46,7 +46,7 @@ import torch
 from swarmrl.config import RunConfig, RunPaths
 from swarmrl.models.loading import load_model, load_tokenizer
 from swarmrl.trainer.fsdp import full_state_dict, leave_distributed, shard
-from swarmrl.trainer.step import StepStats, grpo_update
+from swarmrl.trainer.step import StepStats, grpo_update, set_lr
 
 log = logging.getLogger("swarmrl.trainer")
 
@@ -112,9 +112,10 @@ class Policy:
         on every rank: `snapshot()`, then `save()`."""
         if self.world > 1:
             _broadcast((step, samples), self.rank)
-        return self.update(samples)
+        return self.update(step, samples)
 
-    def update(self, samples) -> StepStats:
+    def update(self, step: int, samples) -> StepStats:
+        set_lr(self.optimizer, self.cfg.trainer, step)
         return grpo_update(
             self.model,
             self.ref_model,
@@ -250,7 +251,7 @@ def follow(cfg: RunConfig, rank: int, world: int, device: torch.device) -> None:
         if msg is None:
             break
         step, samples = msg
-        policy.update(samples)
+        policy.update(step, samples)
         policy.snapshot()
         policy.save(paths, step)
     leave_distributed()  # with rank 0, in its stop()

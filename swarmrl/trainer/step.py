@@ -215,6 +215,15 @@ def _chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def set_lr(optimizer, cfg: TrainerConfig, step: int) -> float:
+    """The learning rate of training step `step` (1, 2, ...): `lr` after a linear warmup
+    of `warmup_steps`. Set on every parameter group; returned."""
+    lr = cfg.lr * min(1.0, step / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 def grpo_update(
     model,
     ref_model,

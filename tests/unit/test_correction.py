@@ -65,6 +65,33 @@ def test_geo_mask_keeps_or_drops_whole_sequences_at_weight_one():
     assert ex == [[True] * 3, [False] * 3]
 
 
+def test_geo_mask_has_bounds_of_its_own_and_they_fire():
+    """The token bounds (0.5, 2) would keep a sequence whose every token the trainer
+    deems 20% likelier than the worker did; geo_mask's own bounds (0.98, 1.02) mask it,
+    and a sequence within 1% per token passes."""
+    from swarmrl.config.trainer import TrainerConfig
+
+    cfg = TrainerConfig(is_correction="geo_mask")
+    c = Correction.of(cfg)
+    assert (c.low, c.high) == (cfg.geo_low, cfg.geo_high) == (0.98, 1.02)
+    assert Correction.of(TrainerConfig(is_correction="seq_mis")).low == cfg.is_low
+    behav = torch.full((2, 4), -1.0)
+    prox = behav + torch.tensor([[math.log(1.2)] * 4, [math.log(1.01)] * 4])
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    _, ex = importance_weights(prox, behav, mask, c)
+    assert ex.tolist() == [[True] * 4, [False] * 4]
+    _, ex = importance_weights(prox, behav, mask, Correction("geo_mask", low=0.5, high=2.0))
+    assert not ex.any()  # what the shared bounds did: nothing
+
+
+def test_delta_must_lie_outside_the_clip_range():
+    from swarmrl.config.trainer import TrainerConfig
+
+    TrainerConfig(epsilon=0.2, delta=1.2)
+    with pytest.raises(ValueError, match=r"delta \(1.1\) must be at least 1 \+ trainer.epsilon"):
+        TrainerConfig(epsilon=0.2, delta=1.1)
+
+
 def test_a_forged_low_logprob_weighs_at_most_c_or_nothing():
     behav = torch.full((1, 4), -30.0)  # claims the sampled tokens were nearly impossible
     prox = torch.full((1, 4), -1.0)
