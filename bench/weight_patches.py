@@ -9,8 +9,9 @@ weights lag through a relay on a slow link with and without patches.
    times come from metrics.jsonl.
 2. On the last two versions the run kept: the patch applied again (timed,
    checked bit-exact), and the encodings side by side: XOR + zstd at levels
-   1, 3 and 9 (the shipped one is level 1), and the changed elements listed as
-   delta-coded indexes plus values, zstd'd.
+   1, 3 and 9 (the shipped one is level 1), the changed elements listed as
+   delta-coded indexes plus values, zstd'd, and the two frames the patch
+   chooses between per file (XOR, and the changed words by byte planes).
 3. The weights lag: an origin and a relay, each capped at `--link-mbps`
    (100 Mb/s by default), and a node holding the base; the time from the new
    version's announcement to the node having it, with patches and with the
@@ -37,9 +38,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from swarmrl.config import load_config  # noqa: E402
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex  # noqa: E402
 from swarmrl.protocol.manifest import read_manifest, version_files  # noqa: E402
-from swarmrl.protocol.patch import apply_patch  # noqa: E402
+from swarmrl.protocol.patch import PatchStats, _diff_frames, apply_patch  # noqa: E402
 from swarmrl.shardcast.client import Follower  # noqa: E402
 from swarmrl.shardcast.local import LocalWeights  # noqa: E402
 from swarmrl.shardcast.origin import Origin  # noqa: E402
@@ -53,6 +55,7 @@ def run_swarm(runs: Path, steps: int, seed: int, threads: int, lr: float | None)
         "model.publish_dtype=\"bfloat16\"", f"trainer.steps={steps}", "trainer.max_minutes=0",
         *([f"trainer.lr={lr}"] if lr else []),
         "launcher.eval_problems=0", "shardcast.anchor_every=0",
+        "shardcast.patch_max_fraction=0.5",  # make run's float32 versions go without
         f"trainer.threads={threads}", f"worker.threads={threads}",
         f"validator.threads={threads}",
     ]  # fmt: skip
@@ -109,6 +112,14 @@ def encodings(base: Path, new: Path) -> dict:
     size = len(z.compress(gaps.tobytes())) + len(z.compress(words_b[idx].tobytes()))
     out["index_values_zstd3"] = {"bytes": size, "s": round(time.perf_counter() - t0, 3)}
     out["changed_elements"] = int(idx.size)
+    # the two the patch chooses between, as protocol/patch.py builds them (level 1)
+    t0 = time.perf_counter()
+    with open(new.parent / "xor.tmp", "wb") as xf, open(new.parent / "sparse.tmp", "wb") as sf:
+        xor_len, sparse_len = _diff_frames(base / name, new / name, xf, sf, 1, PatchStats())
+    for p in (new.parent / "xor.tmp", new.parent / "sparse.tmp"):
+        p.unlink()
+    out["shipped"] = {"xor_bytes": xor_len, "sparse_bytes": sparse_len,
+                      "s": round(time.perf_counter() - t0, 3)}  # fmt: skip
     return out
 
 
@@ -188,7 +199,7 @@ def main() -> None:
         tmp = Path(d)
         run = run_swarm(tmp / "runs", args.steps, args.seed, args.threads, args.lr)
         result = {"run": per_version(run), "seed": args.seed, "threads": args.threads,
-                  "lr": args.lr or 2e-5}  # fmt: skip
+                  "lr": args.lr or load_config(ROOT / "configs/default.toml").trainer.lr}  # fmt: skip
         weights = run / "weights"
         kept = sorted(int(p.name[5:]) for p in weights.glob("step_*"))
         base, version = kept[-2], kept[-1]
@@ -202,8 +213,12 @@ def main() -> None:
             "patch": lag(weights, base, version, tmp / "lag-patch", args.link_mbps, True),
             "full": lag(weights, base, version, tmp / "lag-full", args.link_mbps, False),
         }
-    text = json.dumps(result, indent=1)
-    print(text)
+    default_lr = load_config(ROOT / "configs/default.toml").trainer.lr
+    ratio = result["run"]["full_over_patch"]["mean_of_ratios"]
+    result["patch_ratio_default_lr"] = ratio if result["lr"] == default_lr else None
+    result["lora_ratio"] = None  # adapter-only versions are not built yet (issue 37)
+    text = json.dumps(result)
+    print(text)  # one JSON object, the last line
     if args.out:
         Path(args.out).write_text(text + "\n")
 

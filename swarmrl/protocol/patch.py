@@ -9,14 +9,21 @@ losslessly. Each file of the new version is one of:
   differ in about 1% of their elements, and a changed element usually
   differs in its low mantissa bits only, so the XOR is mostly zero bytes
   and what is not zero is small: zstd compresses both well;
+- `sparse`: the base has a file of that name and size (an even number of
+  bytes); stored is the zstd frame of the changed 16-bit words, window by
+  window (`WINDOW` bytes of the file each): u32 count, then each changed
+  word's position as the gap from the previous one (u32), then the words of
+  new XOR base (u16), all little-endian, each array stored plane by plane
+  (every element's first byte, then every second byte, ...: the high bytes of
+  small gaps are runs of zeros). Where few elements changed (a low
+  learning rate) this is smaller than the XOR, and where many did, larger;
 - `new`: anything else (no such file in the base, another size); stored is
   the zstd frame of the new file.
 
-The encoding was measured on consecutive versions of a real run
-(bench/weight_patches.py, docs/results.md) against listing the changed
-elements' indexes (delta-coded) and values, also zstd'd: XOR + zstd was 13%
-smaller at 7% of elements changed, the index list 14% smaller at 1.7%.
-Only XOR + zstd is built; choosing per file the smaller is not done.
+Each file that could be either is built both ways and the smaller is kept.
+Measured on consecutive versions of a real run (bench/weight_patches.py,
+docs/results.md): before the choice existed, XOR + zstd was 13% smaller at
+7% of elements changed, the positions and values 14% smaller at 1.7%.
 
 Layout of a patch file:
 
@@ -62,7 +69,7 @@ class PatchError(ValueError):
 @dataclass(frozen=True)
 class PatchedFile:
     name: str
-    op: str  # same | xor | new
+    op: str  # same | xor | sparse | new
     size: int
     length: int
 
@@ -70,10 +77,13 @@ class PatchedFile:
 @dataclass
 class PatchStats:
     """What building a patch saw: 16-bit words (bfloat16 elements) that differ from the
-    base, out of the words compared (files patched by XOR)."""
+    base, out of the words compared (files of the base's size), and the bytes each
+    encoding of those files came to (the patch keeps the smaller of each file's)."""
 
     changed_words: int = 0
     words: int = 0
+    xor_bytes: int = 0
+    sparse_bytes: int = 0
 
 
 def _zstd():
@@ -82,24 +92,62 @@ def _zstd():
     return zstandard
 
 
-def _xor_frames(base: Path, new: Path, out, level: int, stats: PatchStats) -> int:
-    """Write the zstd frame of new XOR base (same size) to `out`; answer its length."""
+def _diff_frames(base: Path, new: Path, xor_out, sparse_out, level: int,
+                 stats: PatchStats) -> tuple[int, int]:  # fmt: skip
+    """Write the zstd frame of new XOR base (same size) to `xor_out` and, with
+    `sparse_out` (an even size), the changed words' frame to it; answer their lengths."""
     z = _zstd()
-    start = out.tell()
-    writer = z.ZstdCompressor(level=level).stream_writer(out, closefd=False)
+    starts = xor_out.tell(), sparse_out.tell() if sparse_out else 0
+    xw = z.ZstdCompressor(level=level).stream_writer(xor_out, closefd=False)
+    sw = (
+        z.ZstdCompressor(level=level).stream_writer(sparse_out, closefd=False)
+        if sparse_out
+        else None
+    )
     with open(base, "rb") as fb, open(new, "rb") as fn:
         while True:
             b, n = fb.read(WINDOW), fn.read(WINDOW)
             if not n:
                 break
             x = np.bitwise_xor(np.frombuffer(b, np.uint8), np.frombuffer(n, np.uint8))
-            even = x[: x.size & ~1].view(np.uint16)
-            stats.changed_words += int(np.count_nonzero(even))
-            stats.words += even.size
-            writer.write(x.tobytes())
-    writer.flush(z.FLUSH_FRAME)
-    writer.close()
-    return out.tell() - start
+            words = x[: x.size & ~1].view(np.uint16)
+            changed = np.flatnonzero(words)
+            stats.changed_words += changed.size
+            stats.words += words.size
+            xw.write(x.tobytes())
+            if sw is not None:
+                gaps = np.diff(changed, prepend=-1).astype("<u4")
+                sw.write(struct.pack("<I", changed.size) + _planes(gaps))
+                sw.write(_planes(words[changed].astype("<u2")))
+    lengths = []
+    for writer, out, start in ((xw, xor_out, starts[0]), (sw, sparse_out, starts[1])):
+        if writer is None:
+            lengths.append(-1)
+            continue
+        writer.flush(z.FLUSH_FRAME)
+        writer.close()
+        lengths.append(out.tell() - start)
+    stats.xor_bytes += lengths[0]
+    stats.sparse_bytes += lengths[1] if sw is not None else lengths[0]
+    return lengths[0], lengths[1]
+
+
+def _planes(a: np.ndarray) -> bytes:
+    """The bytes of `a` plane by plane: every element's first byte, then every second
+    byte, ... (small numbers leave whole planes of zeros, which zstd all but drops)."""
+    return a.view(np.uint8).reshape(-1, a.itemsize).T.tobytes()
+
+
+def _unplanes(data: bytes, dtype: str) -> np.ndarray:
+    size = np.dtype(dtype).itemsize
+    planes = np.frombuffer(data, np.uint8).reshape(size, -1)
+    return np.ascontiguousarray(planes.T).view(dtype).reshape(-1)
+
+
+def _append(dst, path: Path) -> None:
+    with open(path, "rb") as src:
+        while chunk := src.read(WINDOW):
+            dst.write(chunk)
 
 
 def _whole_frame(new: Path, out, level: int) -> int:
@@ -125,6 +173,7 @@ def build_patch(
     entries: list[PatchedFile] = []
     stats = PatchStats()
     body = out.with_name(out.name + ".body")
+    drafts = [out.with_name(out.name + ".xor"), out.with_name(out.name + ".sparse")]
     try:
         with open(body, "wb") as f:
             for name, size, sha in new_files:
@@ -132,7 +181,11 @@ def build_patch(
                 if base_sha.get(name) == sha:
                     entries.append(PatchedFile(name, "same", size, 0))
                 elif name in base_sha and base.stat().st_size == size:
-                    entries.append(PatchedFile(name, "xor", size, _xor_frames(base, new_dir / name, f, level, stats)))  # fmt: skip
+                    with open(drafts[0], "wb") as xf, open(drafts[1], "wb") as sf:
+                        lengths = _diff_frames(base, new_dir / name, xf, sf if size % 2 == 0 else None, level, stats)  # fmt: skip
+                    pick = 1 if 0 <= lengths[1] < lengths[0] else 0
+                    _append(f, drafts[pick])
+                    entries.append(PatchedFile(name, ("xor", "sparse")[pick], size, lengths[pick]))
                 else:
                     entries.append(PatchedFile(name, "new", size, _whole_frame(new_dir / name, f, level)))  # fmt: skip
         header = json.dumps(
@@ -149,7 +202,8 @@ def build_patch(
             while chunk := b.read(WINDOW):
                 f.write(chunk)
     finally:
-        body.unlink(missing_ok=True)
+        for p in (body, *drafts):
+            p.unlink(missing_ok=True)
     return stats
 
 
@@ -215,13 +269,15 @@ def apply_patch(
 
 
 def _apply_one(z, f, e: PatchedFile, base: Path, base_sha: str | None, target: Path) -> str:
-    if e.op not in ("same", "xor", "new") or e.length < 0 or e.size < 0:
+    if e.op not in ("same", "xor", "sparse", "new") or e.length < 0 or e.size < 0:
         raise PatchError(f"{e.name}: unknown operation {e.op!r}")
-    if e.op in ("same", "xor"):
+    if e.op != "new":
         if base_sha is None or not base.is_file() or (e.op == "same" and e.length):
             raise PatchError(f"{e.name}: the base version has no such file")
-        if e.op == "xor" and base.stat().st_size != e.size:
+        if e.op in ("xor", "sparse") and base.stat().st_size != e.size:
             raise PatchError(f"{e.name}: base file has another size")
+        if e.op == "sparse" and e.size % 2:
+            raise PatchError(f"{e.name}: a sparse patch of an odd size")
     whole = hashlib.sha256()
     based = hashlib.sha256()
     frame = _Slice(f, e.length)
@@ -232,6 +288,10 @@ def _apply_one(z, f, e: PatchedFile, base: Path, base_sha: str | None, target: P
                     based.update(chunk)
                     whole.update(chunk)
                     out.write(chunk)
+        elif e.op == "sparse":
+            reader = z.ZstdDecompressor().stream_reader(frame, read_across_frames=False)
+            with open(base, "rb") as fb:
+                _apply_sparse(e, reader, fb, out, based, whole)
         else:
             reader = z.ZstdDecompressor().stream_reader(frame, read_across_frames=False)
             fb = open(base, "rb") if e.op == "xor" else None
@@ -261,6 +321,41 @@ def _apply_one(z, f, e: PatchedFile, base: Path, base_sha: str | None, target: P
     if e.op != "new" and based.hexdigest() != base_sha:
         raise PatchError(f"{e.name}: the base file is not the one the manifest names")
     return whole.hexdigest()
+
+
+def _exactly(reader, n: int, name: str) -> bytes:
+    data = b""
+    while len(data) < n:
+        more = reader.read(n - len(data))
+        if not more:
+            raise PatchError(f"{name}: sparse frame ends early")
+        data += more
+    return data
+
+
+def _apply_sparse(e: PatchedFile, reader, fb, out, based, whole) -> None:
+    """Rebuild a `sparse` file window by window: each window's changed words, XORed
+    into the base's words at their positions."""
+    done = 0
+    while done < e.size:
+        b = fb.read(min(WINDOW, e.size - done))
+        based.update(b)
+        (count,) = struct.unpack("<I", _exactly(reader, 4, e.name))
+        words = np.frombuffer(b, "<u2").copy()
+        if count > words.size:
+            raise PatchError(f"{e.name}: {count} changed words in a window of {words.size}")
+        gaps = _unplanes(_exactly(reader, 4 * count, e.name), "<u4").astype(np.int64)
+        values = _unplanes(_exactly(reader, 2 * count, e.name), "<u2")
+        at = np.cumsum(gaps) - 1
+        if count and (gaps.min() < 1 or at[-1] >= words.size):
+            raise PatchError(f"{e.name}: changed-word positions out of order or range")
+        words[at] ^= values
+        data = words.tobytes()
+        whole.update(data)
+        out.write(data)
+        done += len(b)
+    if reader.read(1):
+        raise PatchError(f"{e.name}: frame holds more than {e.size} bytes")
 
 
 class _Slice:

@@ -120,6 +120,7 @@ class LocalWeights:
             "version": version, "base": base, "bytes": size, "full_bytes": full,
             "build_s": round(time.perf_counter() - t0, 4), "anchor": False,
             "changed_words": stats.changed_words, "words": stats.words,
+            "xor_bytes": stats.xor_bytes, "sparse_bytes": stats.sparse_bytes,
         }  # fmt: skip
         if size > self.patch_max_fraction * full:
             out.unlink()

@@ -3,14 +3,18 @@ patch that cannot rebuild the signed version refused before anything is installe
 
 from __future__ import annotations
 
+import json
 import shutil
+import struct
 
 import numpy as np
 import pytest
+import zstandard
 from nacl.signing import SigningKey
 
+from swarmrl.protocol import patch as patch_module
 from swarmrl.protocol.manifest import read_manifest, verify_version
-from swarmrl.protocol.patch import MAGIC, PatchError, apply_patch
+from swarmrl.protocol.patch import MAGIC, PatchError, apply_patch, read_header
 from swarmrl.shardcast.local import LocalWeights
 
 
@@ -70,6 +74,73 @@ def test_random_versions_rebuild_bit_exactly_and_patches_are_small(tmp_path):
             assert (out / f.name).read_bytes() == (weights.path(v) / f.name).read_bytes()
     # the patch file travels beside the version and is verified with it
     verify_version(weights.path(3), weights.key.verify_key.encode().hex(), patches=True)
+
+
+def _ops(weights: LocalWeights, version: int) -> dict[str, str]:
+    (p,) = read_manifest(weights.path(version)).patches
+    path = weights.path(version) / p.file.name
+    with open(path, "rb") as f:
+        header, _ = read_header(f, path.stat().st_size)
+    return {e.name: e.op for e in header["files"]}
+
+
+@pytest.mark.parametrize("changed", [0.005, 0.3])
+def test_each_file_takes_the_smaller_encoding_across_windows(tmp_path, monkeypatch, changed):
+    """Each file is patched by the smaller of its XOR and its changed words (few changed
+    elements: the changed words); either rebuilds bit-exactly, also when the file
+    spans many windows."""
+    monkeypatch.setattr(patch_module, "WINDOW", 64 * 1024)  # 300 kB: five windows
+    rng = np.random.default_rng(3)
+    arrays = _bf16_steps(rng, 150_001, 2, changed=changed)  # an odd word count
+    weights = _publish_all(tmp_path, arrays, patch_max_fraction=0.9)
+    stats = weights.last_patch
+    smaller = "sparse" if stats["sparse_bytes"] < stats["xor_bytes"] else "xor"
+    assert _ops(weights, 1)["model.safetensors"] == smaller
+    assert smaller == "sparse" or changed > 0.01
+    out = tmp_path / "rebuilt"
+    out.mkdir()
+    _rebuild(weights, 0, 1, out)
+    assert (out / "model.safetensors").read_bytes() == arrays[1].tobytes()
+    assert stats["changed_words"] == np.count_nonzero(arrays[1] != arrays[0]) > 0
+
+
+def test_a_file_of_an_odd_size_is_patched_by_xor(tmp_path):
+    """Changed words need an even size; a file of another is XORed, bit-exactly."""
+    rng = np.random.default_rng(5)
+    arrays = [a.view(np.uint8)[:-1] for a in _bf16_steps(rng, 100_000, 2, changed=0.005)]
+    weights = _publish_all(tmp_path, arrays, patch_max_fraction=0.9)
+    assert _ops(weights, 1)["model.safetensors"] == "xor"
+    out = tmp_path / "rebuilt"
+    out.mkdir()
+    _rebuild(weights, 0, 1, out)
+    assert (out / "model.safetensors").read_bytes() == arrays[1].tobytes()
+
+
+def test_a_sparse_patch_with_positions_out_of_range_is_refused(tmp_path):
+    """A forged sparse frame whose position runs past its window is refused, and nothing
+    is left installed."""
+    rng = np.random.default_rng(4)
+    arrays = _bf16_steps(rng, 150_000, 2, changed=0.005)
+    weights = _publish_all(tmp_path, arrays, patch_max_fraction=0.9)
+    assert _ops(weights, 1) == {"model.safetensors": "sparse", "config.json": "same"}
+    # one changed word, at position 10^6 of a 150,000-word window
+    frame = zstandard.ZstdCompressor().compress(
+        struct.pack("<I", 1) + np.array([1_000_001], "<u4").view(np.uint8).tobytes() + b"\x01\x00"
+    )
+    (p,) = read_manifest(weights.path(1)).patches
+    path = weights.path(1) / p.file.name
+    with open(path, "rb") as f:
+        header, _ = read_header(f, path.stat().st_size)
+    files = [e.__dict__ | ({"length": len(frame)} if e.op == "sparse" else {})
+             for e in header["files"]]  # fmt: skip
+    head = json.dumps({"base_version": 0, "version": 1, "files": files}).encode()
+    forged = tmp_path / "forged.patch"
+    forged.write_bytes(MAGIC + struct.pack("<I", len(head)) + head + frame)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(PatchError, match="out of order or range"):
+        _rebuild(weights, 0, 1, out, forged)
+    assert not list(out.iterdir())
 
 
 def test_anchors_and_patches_too_large_to_pay_go_without(tmp_path):
