@@ -42,11 +42,10 @@ def model_elements(path: str) -> int:
     134.5 million parameters 538 MB)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from swarmrl.models.loading import quiet_transformers, resolve_model_path
+    from swarmrl.models.loading import converted_dir, quiet_transformers
 
     quiet_transformers()
-    d, gguf = resolve_model_path(path)
-    config = AutoConfig.from_pretrained(str(d), **({"gguf_file": gguf} if gguf else {}))
+    config = AutoConfig.from_pretrained(str(converted_dir(path)))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(t.numel() for t in model.state_dict().values())

@@ -9,6 +9,13 @@
   found through the distribution's file list, never by importing the package
   (its __init__ imports `llm` and `llama_cpp`, which --no-deps leaves out).
 Nothing is fetched from a hub: HF_HUB_OFFLINE is set before transformers loads.
+
+A GGUF file is dequantised once: the first load saves the result as an HF
+directory (safetensors and tokenizer) under `$SWARMRL_CACHE/models` (default
+~/.cache/swarmrl), named by the file's sha256, and every later load reads that
+(a few seconds where the conversion takes about 20). The directory appears
+complete or not at all (written beside it, then renamed), so processes that
+convert at once each end with the same directory.
 """
 
 from __future__ import annotations
@@ -65,6 +72,60 @@ def resolve_model_path(path: str) -> tuple[Path, str | None]:
     return p, None
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("SWARMRL_CACHE") or "~/.cache/swarmrl").expanduser()
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _cached(d: Path, gguf: str) -> Path:
+    return cache_root() / "models" / f"{Path(gguf).stem}-{_file_sha256(d / gguf)[:16]}"
+
+
+def converted_dir(path: str) -> Path:
+    """The HF directory a model.path loads from: the directory itself, or for a GGUF
+    file its dequantised copy in the cache, made on first use."""
+    d, gguf = resolve_model_path(path)
+    if gguf is None:
+        return d
+    out = _cached(d, gguf)
+    if (out / "config.json").is_file():
+        return out
+    import shutil
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quiet_transformers()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(d), gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(str(d), gguf_file=gguf, dtype="float32")
+        if getattr(model, "hf_quantizer", None) is not None:
+            # dequantised on load; without the leftover quantisation config the model is
+            # trainable and saves as plain safetensors
+            model.hf_quantizer.remove_quantization_config(model)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            tmp.rename(out)  # complete or absent; another process may have won the race
+        except OSError:
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def quiet_transformers() -> None:
     """No progress bars of transformers' own (GGUF conversion, weight loading, shard
     writing): a process's log keeps its own lines, the launcher shows its own bars."""
@@ -77,10 +138,10 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     quiet_transformers()
-
     d, gguf = resolve_model_path(path)
-    kw = {"gguf_file": gguf} if gguf else {}
-    tok = AutoTokenizer.from_pretrained(str(d), **kw)
+    if gguf and (_cached(d, gguf) / "config.json").is_file():
+        d, gguf = _cached(d, gguf), None
+    tok = AutoTokenizer.from_pretrained(str(d), **({"gguf_file": gguf} if gguf else {}))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -92,13 +153,9 @@ def load_model(path: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    d, gguf = resolve_model_path(path)
-    kw = {"gguf_file": gguf} if gguf else {}
-    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=getattr(torch, dtype), **kw)
-    if gguf and getattr(model, "hf_quantizer", None) is not None:
-        # GGUF weights are dequantised on load; dropping the leftover quantisation
-        # config makes the model trainable and savable as plain safetensors.
-        model.hf_quantizer.remove_quantization_config(model)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(converted_dir(path)), dtype=getattr(torch, dtype)
+    )
     model.eval()
     return model
 
@@ -149,3 +206,9 @@ def set_config_dtype(directory, dtype: str) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
+
+
+if __name__ == "__main__":  # `python -m swarmrl.models.loading PATH`: convert it now
+    import sys
+
+    print(f"swarmrl: {sys.argv[1]} loads from {converted_dir(sys.argv[1])}")
