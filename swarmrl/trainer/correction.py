@@ -45,6 +45,7 @@ drawn from π_behav: with x = log π_prox − log π_behav, k3 = eˣ − 1 − x
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -135,7 +136,8 @@ class Mismatch:
 
 def mismatch_metrics(samples, m: Mismatch, step: int) -> dict:
     """The step's figures: mismatch KL per token, the fraction of tokens truncated or
-    masked, the spread (std) of the log-ratio, and the mismatch KL by staleness."""
+    masked, the spread (std) of the log-ratio, the 5th and 95th percentiles of the
+    samples' geometric mean weights, and the mismatch KL by staleness."""
     tokens = sum(m.tokens)
     if not tokens:
         return {}
@@ -146,11 +148,16 @@ def mismatch_metrics(samples, m: Mismatch, step: int) -> dict:
         acc = by_staleness.setdefault(step - s.policy_step, [0.0, 0.0])
         acc[0] += kl
         acc[1] += n
+    # each sample's geometric mean weight, as geo_mask sees it: its spread over the
+    # samples is what geo_low and geo_high must leave room for
+    geo = sorted(math.exp(x / n) for x, n in zip(m.log_ratio, m.tokens, strict=True) if n)
     return {
         "mismatch_kl": sum(m.kl) / tokens,
         "is_excluded_fraction": sum(m.excluded) / tokens,
         "log_ratio_mean": mean,
         "log_ratio_std": var**0.5,
+        "geo_weight_p05": geo[max(math.ceil(0.05 * len(geo)) - 1, 0)],  # nearest rank
+        "geo_weight_p95": geo[max(math.ceil(0.95 * len(geo)) - 1, 0)],
         **{
             f"mismatch_kl_staleness_{k}": v[0] / v[1]
             for k, v in sorted(by_staleness.items())

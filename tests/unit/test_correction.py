@@ -125,6 +125,9 @@ def test_mismatch_metrics_by_staleness_and_by_node():
     assert got["mismatch_kl"] == pytest.approx((kl0 + kl1) / 5)
     assert got["is_excluded_fraction"] == pytest.approx(0.2)
     assert got["log_ratio_std"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in xs) / 5))
+    # geometric means 0.75^(1/3) and 1.8^(1/2): of two, the nearest ranks are each
+    assert got["geo_weight_p05"] == pytest.approx(0.75 ** (1 / 3))
+    assert got["geo_weight_p95"] == pytest.approx(1.8**0.5)
     assert got["mismatch_kl_staleness_0"] == pytest.approx(kl0 / 3)
     assert got["mismatch_kl_staleness_2"] == pytest.approx(kl1 / 2)
     nodes = mismatch_by_node(_samples(), m, step=10)
