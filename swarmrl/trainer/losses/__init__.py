@@ -21,6 +21,15 @@ gradient of the whole mini-batch.
 `ADVANTAGE_SCALE` is each loss's own convention for `trainer.advantage_scale
 = "auto"`: rewards minus the group mean, divided by the group's std
 ("group"), by the batch's std ("batch") or by nothing ("none").
+
+What acts depends on `trainer.optimizer_steps`. At one optimizer step per
+batch (the default) the only gradient pass runs at π_θ = π_prox: every ratio
+is 1, no clip acts, and grpo, dapo and cispo are the same importance-weighted
+policy gradient up to their normalisers (which AdamW and the gradient clip all
+but remove); dr_grpo differs by its advantages (no std), gspo by its sequence
+mean. From the second mini-batch of a step on (optimizer_steps > 1) π_θ has
+moved and each loss's clip acts as its docstring says. docs/results.md has the
+measured table.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ PPO's clip, which removes a token's gradient once its ratio leaves the range,
 the clip here only bounds how much the token weighs: every token keeps a
 gradient, the rare ones that PPO would drop included. The sum over tokens is
 divided by the mini-batch's real tokens. The tokens counted as clipped are
-those whose ratio was capped.
+those whose ratio was capped. At one optimizer step per batch r_t = 1, the cap
+never binds, and the loss is the importance-weighted REINFORCE term.
 """
 
 from __future__ import annotations

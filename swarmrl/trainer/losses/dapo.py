@@ -8,7 +8,9 @@ With r_t = exp(logp − prox):
 0.28): a token the policy thinks unlikely may grow further before its gradient
 stops, which keeps entropy from collapsing. The sum over tokens is divided by
 the mini-batch's real tokens, so every token of the batch weighs the same
-(long samples are not diluted per sample).
+(long samples are not diluted per sample). Clip-higher acts only with
+`trainer.optimizer_steps` > 1: at one step per batch r_t = 1 in the gradient
+pass.
 """
 
 from __future__ import annotations

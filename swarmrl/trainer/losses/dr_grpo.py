@@ -9,7 +9,8 @@ With r_t = exp(logp − prox) and A = r − mean(group rewards) (no std: the
 summed over tokens and divided by a constant token budget, so neither the
 length of a sample nor the spread of its group's rewards changes how much a
 token weighs (both bias GRPO: toward long wrong answers and toward groups of
-nearly equal rewards).
+nearly equal rewards). The clip acts only with `trainer.optimizer_steps` > 1;
+the unscaled advantages act at any setting.
 """
 
 from __future__ import annotations

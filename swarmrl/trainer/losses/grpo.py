@@ -8,7 +8,9 @@ With r_t = π_θ/π_prox = exp(logp − prox) and the sample's advantage A:
 Plain PPO is unbounded for A < 0 as r grows; capping r at δ bounds a token's
 loss by δ·|A| and, min(r, δ) being constant above δ, gives no gradient there.
 The sum over tokens is divided by a constant token budget. With w = 1 this is
-the loss swarmrl had before the correction existed.
+the loss swarmrl had before the correction existed. At one optimizer step per
+batch (the default) r_t = 1 throughout and neither the clip nor δ acts: the
+loss is the importance-weighted policy gradient (see the package's docstring).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ With |y_i| the sample's real tokens:
 3e-4 and 4e-4: a sequence ratio moves far less than a token's). w̄_i is the
 mean importance weight over the sample's tokens (the sequence weight under the
 seq_* corrections). The sum over sequences is divided by the mini-batch's
-samples. A clipped sequence has no gradient on any of its tokens.
+samples. A clipped sequence has no gradient on any of its tokens. At one
+optimizer step per batch s_i = 1 and the clip does not act; the sequence mean
+still weighs every sequence alike, whatever its length.
 """
 
 from __future__ import annotations
