@@ -98,7 +98,7 @@ def main() -> None:
         "outer_steps": sites[0][-1]["outer_step"],
     }
     plot(out / "reward.png", {"2 DiLoCo sites": sites, "1 site": single})
-    print(json.dumps(result, indent=1))
+    print(json.dumps(result))
 
 
 def plot(path: Path, runs: dict) -> None:

@@ -364,8 +364,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
     log(f"wrote {out}")
+    print(json.dumps(result))  # one JSON object, the last line
 
 
 if __name__ == "__main__":

@@ -270,7 +270,7 @@ def main() -> None:
             out["speedup_vs_published"] = round(out["published_shardcast"]["seconds"] / ours, 2)
         if ours and "nginx_curl" in out:
             out["fraction_of_nginx_throughput"] = round(out["nginx_curl"]["seconds"] / ours, 3)
-        print(json.dumps(out, indent=1))
+        print(json.dumps(out))
         results = ROOT / "bench" / "results"
         results.mkdir(exist_ok=True)
         (results / "shardcast.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -499,7 +499,7 @@ def main() -> None:
         out["ratio_published_over_nginx"] = round(
             out["published_shardcast"]["seconds"] / out["nginx_curl"]["seconds"], 2
         )
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

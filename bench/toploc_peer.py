@@ -324,7 +324,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads, both sides (0: default)")
     args = ap.parse_args()
     reps = args.reps or (3 if args.quick else 7)
-    print(json.dumps(run(args.quick, reps, args.threads), indent=1))
+    print(json.dumps(run(args.quick, reps, args.threads)))
 
 
 if __name__ == "__main__":
