@@ -113,7 +113,7 @@ def solve_rate(model, tokenizer, task, samples: int, max_new_tokens: int, temper
     choose = multinomial(temperature, top_p, GENERATE_TOP_K if top_k is None else top_k)
     torch.manual_seed(_task_seed(seed, task.problem_id))
     done = decode(model, [prompt] * samples, max_new_tokens, choose, eos,
-                  tokenizer.pad_token_id or eos[0])  # fmt: skip
+                  tokenizer.pad_token_id or eos[0], share_prompts=True)  # fmt: skip
     solved = 0
     for c in done:
         cut = len(c.tokens) - c.finished  # the EOS token is not part of the text

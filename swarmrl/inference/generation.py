@@ -69,6 +69,17 @@ def greedy(logits, step: int):
     return token, torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(-1)
 
 
+def distinct_prompts(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
+    """(the first row of each distinct prompt, each row's place among them)."""
+    place: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    for row, p in enumerate(prompts):
+        if tuple(p) not in place:
+            place[tuple(p)] = len(firsts)
+            firsts.append(row)
+    return firsts, [place[tuple(p)] for p in prompts]
+
+
 def decode(
     model,
     prompts: list[list[int]],
@@ -77,11 +88,16 @@ def decode(
     stop_ids: list[int],
     pad_id: int,
     ends=None,
+    share_prompts: bool = False,
 ) -> list[Completion]:
     """One completion per prompt, each token picked by `choose` (module docstring).
     `ends(row, tokens)`, when given, also ends a row after a token (a trajectory's
     span that ends with a tool call: inference/trajectory.py); such a row is not
-    `finished` (it did not draw a stop token)."""
+    `finished` (it did not draw a stop token). With `share_prompts`, each distinct
+    prompt is run once and its rows decode from copies of its keys and values (a
+    group's samples share their prompt: the prompt pass was half of a file's
+    generation); a forward hook then sees the prompt pass's rows of
+    `distinct_prompts(prompts)[0]` only."""
     import torch
     from transformers import DynamicCache
 
@@ -102,15 +118,21 @@ def decode(
     lengths = torch.full((b,), max_new_tokens, dtype=torch.long, device=device)
     cut = [False] * b  # ended by `ends`
     cache = DynamicCache()
+    firsts, index = distinct_prompts(prompts) if share_prompts else (list(range(b)), None)
     with torch.no_grad():
+        rows = torch.tensor(firsts, device=device)
         logits = model(
-            input_ids=ids,
-            attention_mask=attn,
-            position_ids=pos,
+            input_ids=ids[rows],
+            attention_mask=attn[rows],
+            position_ids=pos[rows],
             **with_cache(model, cache),
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
+        if len(firsts) < b:  # every row from its prompt's keys, values and logits
+            place = torch.tensor(index, device=device)
+            cache.reorder_cache(place)
+            logits = logits[place]
         for t in range(max_new_tokens):
             tok, lp = choose(logits, t)
             tok = torch.where(done, torch.full_like(tok, pad_id), tok)

