@@ -67,16 +67,16 @@ def test_geo_mask_keeps_or_drops_whole_sequences_at_weight_one():
 
 def test_geo_mask_has_bounds_of_its_own_and_they_fire():
     """The token bounds (0.5, 2) would keep a sequence whose every token the trainer
-    deems 20% likelier than the worker did; geo_mask's own bounds (0.98, 1.02) mask it,
-    and a sequence within 1% per token passes."""
+    deems 40% likelier than the worker did; geo_mask's own bounds (0.8, 1.25) mask it,
+    and a sequence within 10% per token passes."""
     from swarmrl.config.trainer import TrainerConfig
 
     cfg = TrainerConfig(is_correction="geo_mask")
     c = Correction.of(cfg)
-    assert (c.low, c.high) == (cfg.geo_low, cfg.geo_high) == (0.98, 1.02)
+    assert (c.low, c.high) == (cfg.geo_low, cfg.geo_high) == (0.8, 1.25)
     assert Correction.of(TrainerConfig(is_correction="seq_mis")).low == cfg.is_low
     behav = torch.full((2, 4), -1.0)
-    prox = behav + torch.tensor([[math.log(1.2)] * 4, [math.log(1.01)] * 4])
+    prox = behav + torch.tensor([[math.log(1.4)] * 4, [math.log(1.1)] * 4])
     mask = torch.ones(2, 4, dtype=torch.bool)
     _, ex = importance_weights(prox, behav, mask, c)
     assert ex.tolist() == [[True] * 4, [False] * 4]
