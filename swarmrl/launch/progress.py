@@ -106,7 +106,9 @@ class Progress:
         metrics: Path,
         cheats: list[str] | None = None,
         orchestrator: str | None = None,
+        t0: float | None = None,
     ):
+        """`t0`: when the launch began (default: now)."""
         self.cfg = cfg
         self.orchestrator = orchestrator
         self.metrics = metrics
@@ -114,8 +116,9 @@ class Progress:
         self.cheats = cheats or []
         self.tty = sys.stdout.isatty()
         self.shown = 0
-        self.t0 = time.time()
+        self.t0 = t0 or time.time()
         self.first_step: int | None = None
+        self.first_step_s: float | None = None  # since t0, as first seen (a poll late at most)
 
     def update(self, alive_workers: int) -> None:
         rows = read_metrics(self.metrics)
@@ -127,8 +130,13 @@ class Progress:
         last = rows[-1]
         if self.first_step is None:
             self.first_step = last["step"]
-        done_here = last["step"] - self.first_step + 1
-        per_step = (time.time() - self.t0) / max(done_here, 1)
+            self.first_step_s = time.time() - self.t0
+        done_here = [r for r in rows if r["step"] >= self.first_step]
+        if len(done_here) >= 2:  # the pace of the steps since this launch's first one,
+            span = done_here[-1]["elapsed_s"] - done_here[0]["elapsed_s"]  # not its start
+            per_step = span / (len(done_here) - 1)
+        else:
+            per_step = time.time() - self.t0
         eta = per_step * (self.cfg.trainer.steps - last["step"])
         if self.cfg.trainer.max_minutes:  # the run also ends at this much training time
             eta = min(eta, max(0.0, 60 * self.cfg.trainer.max_minutes - last["elapsed_s"]))
@@ -140,7 +148,7 @@ class Progress:
         else:
             checked = f" | rejected {sum(r['rejected_files'] for r in rows)}"
         line = (
-            f"step {last['step']}/{self.cfg.trainer.steps} | reward {last['reward']:.3f} "
+            f"step {last['step']}/{self.cfg.trainer.steps} of the budget | reward {last['reward']:.3f} "
             f"(first {rows[0]['reward']:.3f}) | level {last.get('level', 0)} | "
             f"signal {last.get('signal_fraction', 1.0):.2f} | staleness {last['staleness']:.2f} | "
             f"{samples_s:.1f} samples/s | workers {alive_workers}/{self.cfg.launcher.workers}"
@@ -231,10 +239,15 @@ def ledger_line(ledger: dict) -> str:
 
 
 def summary_lines(
-    cfg: RunConfig, run: Path, ledger: dict | None = None, url: str | None = None
+    cfg: RunConfig,
+    run: Path,
+    ledger: dict | None = None,
+    url: str | None = None,
+    first_step_s: float | None = None,
 ) -> list[str]:
     """The closing lines of a finished run (`ledger`: the orchestrator's, read before it
-    stopped; `url`: the orchestrator, still up, which takes the final held-out score)."""
+    stopped; `url`: the orchestrator, still up, which takes the final held-out score;
+    `first_step_s`: seconds from the launch to the first step this launch saw)."""
     from swarmrl.tracking import locations
 
     out = []
@@ -243,9 +256,10 @@ def summary_lines(
         k = min(5, len(rows))
         first = sum(r["reward"] for r in rows[:k]) / k
         last = sum(r["reward"] for r in rows[-k:]) / k
+        since = f", the first {first_step_s:.0f}s after the launch" if first_step_s else ""
         out.append(
-            f"done in {rows[-1]['elapsed_s']:.0f}s: mean reward first {k} steps {first:.3f}, "
-            f"last {k} steps {last:.3f} ({last - first:+.3f})"
+            f"{len(rows)} steps in {rows[-1]['elapsed_s']:.0f}s of training{since}: mean "
+            f"reward first {k} steps {first:.3f}, last {k} steps {last:.3f} ({last - first:+.3f})"
         )
         out.append(run_shape(cfg, rows))
     lag = weights_lag(run, last=1 << 30)

@@ -429,6 +429,7 @@ def launch(
     from swarmrl.models.loading import resolve_model_path
     from swarmrl.trainer.lora import refuse_in_swarm
 
+    started = time.time()
     refuse_in_swarm(cfg)
     resolve_model_path(cfg.model.path)  # fail before starting anything
     environment_of(cfg)  # an environment a validator could not recompute: refused now
@@ -442,7 +443,8 @@ def launch(
     code = 1
     try:
         with Supervisor(swarm.procs) as supervisor:
-            progress = Progress(cfg, run / "metrics.jsonl", cheat_kinds, orchestrator=swarm.url)
+            progress = Progress(cfg, run / "metrics.jsonl", cheat_kinds, orchestrator=swarm.url,
+                                t0=started)  # fmt: skip
             _print_start(cfg, swarm, cheat_kinds)
             watch = SwarmWatch(swarm, progress, _start(cfg, swarm, resume))
             try:
@@ -456,7 +458,7 @@ def launch(
         # step nor shares the cores with the swarm
         if code == 0:
             heldout.before(cfg, run, swarm.url)
-            for line in summary_lines(cfg, run, watch.ledger, swarm.url):
+            for line in summary_lines(cfg, run, watch.ledger, swarm.url, progress.first_step_s):
                 print(f"swarmrl: {line}")
     finally:
         stop_all([swarm.orchestrator], graceful=code == 0)
