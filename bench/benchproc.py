@@ -6,7 +6,6 @@ bench/nginx_curl.py use it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,16 +17,12 @@ import time
 from pathlib import Path
 
 from swarmrl.launch.supervisor import free_port  # noqa: F401  (the benchmarks import it from here)
+from swarmrl.models.loading import file_sha256
 
 MB = 1e6
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+sha256_file = file_sha256  # the benchmarks' name for it
 
 
 def make_random_file(path: Path, mib: int) -> Path:

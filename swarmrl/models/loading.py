@@ -76,7 +76,8 @@ def cache_root() -> Path:
     return Path(os.environ.get("SWARMRL_CACHE") or "~/.cache/swarmrl").expanduser()
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in 8 MB pieces."""
     import hashlib
 
     h = hashlib.sha256()
@@ -87,7 +88,7 @@ def _file_sha256(path: Path) -> str:
 
 
 def _cached(d: Path, gguf: str) -> Path:
-    return cache_root() / "models" / f"{Path(gguf).stem}-{_file_sha256(d / gguf)[:16]}"
+    return cache_root() / "models" / f"{Path(gguf).stem}-{file_sha256(d / gguf)[:16]}"
 
 
 def converted_dir(path: str) -> Path:
