@@ -30,9 +30,9 @@ import struct
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from swarmrl.protocol.rollouts import SCHEMA, VERSION_KEY
+from swarmrl.protocol.rollouts import SCHEMA, VERSION, VERSION_KEY
 
-_SCHEMA = SCHEMA.with_metadata({VERSION_KEY: b"2"})
+_SCHEMA = SCHEMA.with_metadata({VERSION_KEY: str(VERSION).encode()})
 
 
 def honest_row(group: int = 0, tokens: int = 2) -> dict:
@@ -41,7 +41,7 @@ def honest_row(group: int = 0, tokens: int = 2) -> dict:
         "completion_tokens": [4] * tokens, "completion_logprobs": [-0.5] * tokens,
         "completion_mask": [1] * tokens, "reward": 0.0, "task_reward": 0.0,
         "length_penalty": 0.0, "target_length": 0, "step": 5, "policy_step": 4, "seed": 1,
-        "temperature": 1.0, "proofs": b"", "node": "ab" * 16, "task_type": "reverse_text",
+        "temperature": 1.0, "top_p": 1.0, "proofs": b"", "node": "ab" * 16, "task_type": "reverse_text",
         "prompt": "abc", "completion": "x",
     }  # fmt: skip
 

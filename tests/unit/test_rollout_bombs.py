@@ -193,9 +193,9 @@ def _with_column(name: str, values: list) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from swarmrl.protocol.rollouts import SCHEMA, VERSION_KEY
+    from swarmrl.protocol.rollouts import SCHEMA, VERSION, VERSION_KEY
 
-    schema = SCHEMA.with_metadata({VERSION_KEY: b"2"})
+    schema = SCHEMA.with_metadata({VERSION_KEY: str(VERSION).encode()})
     table = pa.Table.from_pylist([bombs.honest_row() for _ in range(8)], schema=schema)
     kind = schema.field(name).type
     if values and isinstance(values[0], bytes):
