@@ -88,7 +88,15 @@ def file_sha256(path: Path) -> str:
 
 
 def _cached(d: Path, gguf: str) -> Path:
-    return cache_root() / "models" / f"{Path(gguf).stem}-{file_sha256(d / gguf)[:16]}"
+    source = d / gguf
+    st = source.stat()
+    key = (str(source), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:  # hashed once per process, not on every load
+        _HASHED[key] = file_sha256(source)
+    return cache_root() / "models" / f"{Path(gguf).stem}-{_HASHED[key][:16]}"
+
+
+_HASHED: dict[tuple[str, int, int], str] = {}
 
 
 def converted_dir(path: str) -> Path:
