@@ -1,8 +1,8 @@
 """swarmrl vs TRL's GRPOTrainer, each to the same held-out accuracy on the default task.
 
     .venv/bin/python bench/grpo_vs_trl.py [--config configs/default.toml] [--target 0.4]
-        [--snapshot-every 2] [--eval-problems 200] [--max-seconds 420] [--max-steps 60]
-        [--systems trl,swarmrl,swarmrl-unvalidated] [--trl-threads 2] [--seed S]
+        [--snapshot-every 2] [--eval-problems 200] [--max-seconds 900] [--max-steps 14]
+        [--systems trl,swarmrl] [--trl-threads 2] [--seeds 0,1]
 
 The task is `make run`'s: SmolLM2-135M-Instruct (the same GGUF file for both) learning
 2-digit addition on this CPU. What counts is what a researcher would check: greedy
@@ -10,7 +10,15 @@ decoding, exact answers, on `--eval-problems` held-out problems of the eval spli
 the run's fixed difficulty (swarmrl.apps.evaluate, as `make run`'s before/after
 check). The starting model is scored once; each system's policy is saved every
 `--snapshot-every` optimizer steps and scored after its run, in order, until one
-reaches `--target` (and the last one, for the final accuracy).
+reaches `--target` (and the last one, for the final accuracy). Both systems train
+`--max-steps` steps (`make run`'s budget, 14), the same samples.
+
+Per seed, the two figures the comparison is judged by:
+- `speedup_to_target`: TRL's seconds to `--target` over swarmrl's, both from the
+  command's start (imports, model loads and start-up included); above 1, swarmrl
+  is sooner. None when either system did not reach it.
+- `accuracy_at_equal_time`: at T, the earlier of the two systems' last snapshots
+  in wall time, each system's held-out accuracy of its newest snapshot taken by T.
 
 Systems, run one after another on the same machine:
 - trl: GRPOTrainer in this process with --trl-threads threads, generating with
@@ -19,7 +27,7 @@ Systems, run one after another on the same machine:
 - swarmrl: `python -m swarmrl rl` with the config (orchestrator, trainer, relay,
   validator checking `validator.sample_rate` of the files, workers: each its own
   process). Snapshots are hard links to the weights the trainer publishes anyway.
-- swarmrl-unvalidated: the same with validator.enabled = false.
+- swarmrl-unvalidated (only when asked for): the same with validator.enabled = false.
 
 Shared settings come from the swarmrl config: model, task and prompts (the chat
 template, one user turn), group size G, batch_groups B (TRL: B·G completions per
@@ -230,11 +238,12 @@ def run_swarmrl(cfg, args, snaps: Path, validated: bool) -> dict:
     return {"rows": rows, "validated": validated}
 
 
-def to_target(cfg, args, rows: list[dict], snaps: Path, target: float) -> dict:
-    """Score the snapshots in step order until one reaches the target, then the last."""
+def to_target(cfg, args, rows: list[dict], snaps: Path, target: float, scored: dict) -> dict:
+    """Score the snapshots in step order until one reaches the target, then the last
+    (into `scored`, by step)."""
     by_step = {r["step"]: r for r in rows}
     steps = sorted(int(d.name[5:]) for d in snaps.glob("step_*") if int(d.name[5:]) in by_step)
-    scored, hit = {}, None
+    hit = None
     for s in steps:
         scored[s] = score(cfg, args, str(snaps / f"step_{s:06d}"))
         log(f"  step {s}: held-out exact {scored[s]['accuracy']:.3f}")
@@ -248,6 +257,7 @@ def to_target(cfg, args, rows: list[dict], snaps: Path, target: float) -> dict:
     first = rows[0]["wall_s"] if rows else None
     out = {
         "steps": len(rows),
+        "snapshots": {s: rnd(by_step[s]["wall_s"], 1) for s in steps},  # step: wall seconds
         "reached_target": hit is not None,
         "held_out": [{"step": s, **scored[s]} for s in sorted(scored)],
         "final_accuracy": scored[max(scored)]["accuracy"] if scored else None,
@@ -270,6 +280,81 @@ def to_target(cfg, args, rows: list[dict], snaps: Path, target: float) -> dict:
     return out
 
 
+def at_time(cfg, args, res: dict, snaps: dict, scored: dict) -> dict:
+    """Each system's held-out accuracy at T, the earlier of their last snapshots' wall
+    times: its newest snapshot taken by T (the starting model's if none)."""
+    t = min(max(r["snapshots"].values()) for r in res.values())
+    out = {"seconds": t}
+    for name, r in res.items():
+        taken = [s for s, w in r["snapshots"].items() if w <= t]
+        if not taken:
+            out[name] = {"step": 0, "accuracy": args.start_accuracy}
+            continue
+        s = max(taken)
+        if s not in scored[name]:
+            scored[name][s] = score(cfg, args, str(snaps[name] / f"step_{s:06d}"))
+        out[name] = {"step": s, "accuracy": scored[name][s]["accuracy"]}
+    return out
+
+
+def one_seed(args, seed: int) -> dict:
+    """Every system on one seed: to the target, and at equal wall time."""
+    from swarmrl.config import load_config
+
+    cfg = load_config(args.config, [f"seed={seed}"])
+    log(f"seed {seed}: scoring the starting model on {args.eval_problems} held-out problems")
+    start = score(cfg, args, cfg.model.path)
+    args.start_accuracy = start["accuracy"]
+    log(f"start: held-out exact {start['accuracy']:.3f}; target {args.target}")
+    res, scored, snaps = {}, {}, {}
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-") as d:
+        for name in args.system_list:
+            work = Path(d) / name
+            snaps[name] = work / "snaps"
+            snaps[name].mkdir(parents=True)
+            log(f"{name}: up to {args.max_steps} steps / {args.max_seconds:.0f}s")
+            if name == "trl":
+                run = run_trl(cfg, args, snaps[name])
+            else:
+                run = run_swarmrl(cfg, args, snaps[name], validated=name == "swarmrl")
+            rows = run.pop("rows")
+            if not rows:
+                sys.exit(f"{name} trained no step within {args.max_seconds:.0f}s")
+            log(f"{name}: {len(rows)} steps; scoring its snapshots")
+            scored[name] = {}
+            res[name] = run | to_target(cfg, args, rows, snaps[name], args.target, scored[name])
+        equal = at_time(cfg, args, res, snaps, scored)
+    for name, r in res.items():
+        r["held_out"] = [{"step": s, **scored[name][s]} for s in sorted(scored[name])]
+    out = {"start_accuracy": start["accuracy"], **res, "ratios": ratios(args, res)}
+    if "trl" in res and "swarmrl" in res:
+        out["speedup_to_target"] = out["ratios"]["swarmrl"]["seconds_to_target_trl_over_swarmrl"]
+        out["accuracy_at_equal_time"] = equal
+    return out
+
+
+def _ratio(a, b):
+    return round(a / b, 3) if a is not None and b else None
+
+
+def ratios(args, res: dict) -> dict:
+    out = {}
+    if "trl" not in res:
+        return out
+    tr = res["trl"]
+    for name in (s for s in args.system_list if s != "trl"):
+        sw = res[name]
+        out[name] = {
+            f"{k}_trl_over_swarmrl": _ratio(tr.get(k), sw.get(k))
+            for k in ("seconds_to_target", "seconds_to_target_training",
+                      "samples_to_target_trained", "samples_to_target_generated")
+        } | {
+            f"{k}_swarmrl_over_trl": _ratio(sw.get(k), tr.get(k))
+            for k in ("update_tokens_per_s", "e2e_trained_tokens_per_s")
+        }  # fmt: skip
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="configs/default.toml")
@@ -277,65 +362,31 @@ def main() -> None:
     p.add_argument("--snapshot-every", type=int, default=2, help="optimizer steps")
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--eval-threads", type=int, default=2)
-    p.add_argument("--max-seconds", type=float, default=420.0, help="per system, start-up in")
-    p.add_argument("--max-steps", type=int, default=60, help="per system")
-    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--max-seconds", type=float, default=900.0, help="per system, a guard")
+    p.add_argument("--max-steps", type=int, default=14, help="per system (make run's budget)")
+    p.add_argument("--systems", default="trl,swarmrl", help=f"of {', '.join(SYSTEMS)}")
     p.add_argument("--trl-threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=None, help="overrides the config's")
+    p.add_argument("--seeds", default="0,1", help="comma-separated; each runs every system")
     p.add_argument("--out", default="bench/results/grpo_vs_trl.json")
     args = p.parse_args()
     os.chdir(ROOT)
     from swarmrl.config import load_config
 
-    overrides = [] if args.seed is None else [f"seed={args.seed}"]
-    cfg = load_config(args.config, overrides)
-    systems = [s for s in args.systems.split(",") if s]
-    if unknown := set(systems) - set(SYSTEMS):
+    cfg = load_config(args.config, [])
+    args.system_list = [s for s in args.systems.split(",") if s]
+    if unknown := set(args.system_list) - set(SYSTEMS):
         sys.exit(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     if cfg.length_reward.mode != "none" or cfg.trainer.entropy_coef > 0:
         sys.exit("length rewards and the entropy bonus have no TRL counterpart here; turn them off")
     if cfg.curriculum.enabled:
         sys.exit("the curriculum changes the difficulty, TRL trains at one: disable it")
     load_before = os.getloadavg()
-    log(f"scoring the starting model on {args.eval_problems} held-out problems")
-    start = score(cfg, args, cfg.model.path)
-    log(f"start: held-out exact {start['accuracy']:.3f}; target {args.target}")
-    res = {}
-    with tempfile.TemporaryDirectory(prefix="bench-grpo-") as d:
-        for name in systems:
-            work = Path(d) / name
-            (work / "snaps").mkdir(parents=True)
-            log(f"{name}: up to {args.max_steps} steps / {args.max_seconds:.0f}s")
-            if name == "trl":
-                run = run_trl(cfg, args, work / "snaps")
-            else:
-                run = run_swarmrl(cfg, args, work / "snaps", validated=name == "swarmrl")
-            rows = run.pop("rows")
-            if not rows:
-                sys.exit(f"{name} trained no step within {args.max_seconds:.0f}s")
-            log(f"{name}: {len(rows)} steps; scoring its snapshots")
-            res[name] = run | to_target(cfg, args, rows, work / "snaps", args.target)
-            shutil.rmtree(work / "snaps")
+    seeds = [int(x) for x in args.seeds.split(",") if x]
+    per_seed = {str(seed): one_seed(args, seed) for seed in seeds}
     import torch
     import transformers
     import trl
 
-    def ratio(a, b):
-        return round(a / b, 3) if a is not None and b else None
-
-    ratios = {}
-    if "trl" in res:
-        tr = res["trl"]
-        for name in (s for s in systems if s != "trl"):
-            sw = res[name]
-            ratios[name] = {
-                f"{k}_trl_over_swarmrl": ratio(tr.get(k), sw.get(k))
-                for k in ("seconds_to_target", "seconds_to_target_training",
-                          "samples_to_target_trained", "samples_to_target_generated")
-            } | {
-                f"{k}_swarmrl_over_trl": ratio(sw.get(k), tr.get(k))
-                for k in ("update_tokens_per_s", "e2e_trained_tokens_per_s")
-            }  # fmt: skip
     result = {
         "machine": {
             "nproc": os.cpu_count(),
@@ -345,21 +396,24 @@ def main() -> None:
         },
         "config": {
             "file": args.config,
-            "seed": cfg.seed,
             "model": cfg.model.path,
             "task": cfg.task.name,
             "digits": cfg.task.digits,
         },  # fmt: skip
-        "settings": {k: v for k, v in vars(args).items() if k not in ("config", "out")},
+        "settings": {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("config", "out", "system_list", "start_accuracy")
+        },  # fmt: skip
         "held_out": {
             "problems": args.eval_problems,
             "decoding": "greedy",
             "metric": "exact",
-            "start_accuracy": start["accuracy"],
             "target": args.target,
         },  # fmt: skip
-        **res,
-        "ratios": ratios,
+        "seeds": per_seed,
+        "speedup_to_target": {k: v.get("speedup_to_target") for k, v in per_seed.items()},
+        "accuracy_at_equal_time": {k: v.get("accuracy_at_equal_time") for k, v in per_seed.items()},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

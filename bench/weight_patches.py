@@ -12,13 +12,16 @@ weights lag through a relay on a slow link with and without patches.
    1, 3 and 9 (the shipped one is level 1), the changed elements listed as
    delta-coded indexes plus values, zstd'd, and the two frames the patch
    chooses between per file (XOR, and the changed words by byte planes).
-3. The weights lag: an origin and a relay, each capped at `--link-mbps`
+3. LoRA (`trainer.lora`): a short run training rank-4 adapters, whose versions
+   after 0 are the adapter alone; `lora_ratio` is version 0's bytes (the full
+   bfloat16 model) over the largest adapter version's.
+4. The weights lag: an origin and a relay, each capped at `--link-mbps`
    (100 Mb/s by default), and a node holding the base; the time from the new
    version's announcement to the node having it, with patches and with the
    full files.
 
 Usage: .venv/bin/python bench/weight_patches.py [--steps 6] [--lr 2e-5] [--seed 0]
-       [--threads 1] [--link-mbps 100] [--out FILE]
+       [--threads 1] [--link-mbps 100] [--lora-steps 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from swarmrl.shardcast.origin import Origin  # noqa: E402
 from swarmrl.shardcast.relay import serve_relay  # noqa: E402
 
 
-def run_swarm(runs: Path, steps: int, seed: int, threads: int, lr: float | None) -> Path:
+def run_swarm(runs: Path, steps: int, seed: int, threads: int, lr: float | None,
+              *extra: str) -> Path:  # fmt: skip
     cmd = [
         sys.executable, "-m", "swarmrl", "rl", "--config", str(ROOT / "configs/default.toml"),
         "--fresh", f"runs_dir={json.dumps(str(runs))}", f"seed={seed}",
@@ -57,10 +61,22 @@ def run_swarm(runs: Path, steps: int, seed: int, threads: int, lr: float | None)
         "launcher.eval_problems=0", "shardcast.anchor_every=0",
         "shardcast.patch_max_fraction=0.5",  # make run's float32 versions go without
         f"trainer.threads={threads}", f"worker.threads={threads}",
-        f"validator.threads={threads}",
+        f"validator.threads={threads}", *extra,
     ]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return runs / "addition"
+    return runs / load_config(ROOT / "configs/default.toml", list(extra)).name
+
+
+def lora_versions(runs: Path, steps: int, seed: int, threads: int) -> dict:
+    """A short LoRA run (rank 4, all linear layers, lr 2e-4: docs/results.md's ablation):
+    the bytes of the versions it published, version 0 whole and the adapters after."""
+    run = run_swarm(runs, steps, seed, threads, 2e-4, "trainer.lora.rank=4", "name=lora",
+                    "shardcast.patch_max_fraction=0")  # fmt: skip
+    rows = [json.loads(x) for x in (run / "published.jsonl").read_text().splitlines()]
+    full = next(r["full_bytes"] for r in rows if r["version"] == 0)
+    adapters = [r["full_bytes"] for r in rows if r["version"] > 0]
+    return {"steps": steps, "full_bytes": full, "adapter_bytes": adapters,
+            "full_over_adapter": full / max(adapters)}  # fmt: skip
 
 
 def per_version(run: Path) -> dict:
@@ -193,6 +209,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--link-mbps", type=float, default=100.0)
+    ap.add_argument("--lora-steps", type=int, default=3, help="steps of the LoRA run")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
@@ -213,10 +230,12 @@ def main() -> None:
             "patch": lag(weights, base, version, tmp / "lag-patch", args.link_mbps, True),
             "full": lag(weights, base, version, tmp / "lag-full", args.link_mbps, False),
         }
+        result["lora"] = lora_versions(tmp / "lora-runs", args.lora_steps, args.seed, args.threads)
     default_lr = load_config(ROOT / "configs/default.toml").trainer.lr
     ratio = result["run"]["full_over_patch"]["mean_of_ratios"]
     result["patch_ratio_default_lr"] = ratio if result["lr"] == default_lr else None
-    result["lora_ratio"] = None  # adapter-only versions are not built yet (issue 37)
+    # the largest adapter version against version 0, both bfloat16
+    result["lora_ratio"] = result["lora"]["full_over_adapter"]
     text = json.dumps(result)
     print(text)  # one JSON object, the last line
     if args.out:

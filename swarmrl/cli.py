@@ -373,9 +373,12 @@ def _rl(args: argparse.Namespace) -> int:
 def _trainer(args: argparse.Namespace) -> int:
     cfg = _run_config(args)
     _setup_logging()
+    from swarmrl.trainer.fsdp import exit_after_leaving
     from swarmrl.trainer.loop import run_trainer
 
     run_trainer(cfg, resume=args.resume)
+    if cfg.trainer.ranks > 1:  # every rank has left its group: skip gloo's teardown
+        exit_after_leaving(0)
     return 0
 
 

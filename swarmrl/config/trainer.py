@@ -34,8 +34,9 @@ class TrainerLoraConfig(Section):
         0,
         ge=0,
         le=4096,
-        description="r: the adapters' rank (0: off, every weight trained). Not built into "
-        "the swarm yet, which refuses a rank above 0; bench/loss_table.py trains adapters.",
+        description="r: the adapters' rank (0: off, every weight trained). Above 0, versions "
+        "after 0 are the adapter alone (a few MB); nodes run it merged into version 0. One "
+        "trainer rank, no DiLoCo, no KL penalty.",
     )
     alpha: float = Field(
         32.0, gt=0.0, le=1e6, description="α: an adapter adds (α/r)·B·A to its layer's weight."

@@ -69,6 +69,7 @@ from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.rollouts import write_rollouts
 from swarmrl.protocol.sampler import SamplerState
+from swarmrl.shardcast.adapter import model_dir
 from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.graders.registry import configure as configure_verifiers
 from swarmrl.tasks.sources.task_source import TaskSource
@@ -243,8 +244,8 @@ class WorkerNode:
             return False
         if newest != self.loaded:
             try:
-                path = self.weights.open_verified(newest)
-                t0 = time.time()
+                t0 = time.time()  # an adapter version's merge included
+                path = model_dir(self.weights, newest)
                 self.backend.load(path)
                 if self.after_load is not None:
                     self.after_load(self.backend)

@@ -427,10 +427,10 @@ def launch(
     from swarmrl.envs.environment import environment_of
     from swarmrl.launch.disk import check_disk
     from swarmrl.models.loading import resolve_model_path
-    from swarmrl.trainer.lora import refuse_in_swarm
+    from swarmrl.trainer.lora import check_swarm
 
     started = time.time()
-    refuse_in_swarm(cfg)
+    check_swarm(cfg)
     resolve_model_path(cfg.model.path)  # fail before starting anything
     environment_of(cfg)  # an environment a validator could not recompute: refused now
     cheat_kinds = _cheat_list(cheaters, cheats, cfg.env.kind != "none")

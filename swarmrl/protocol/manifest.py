@@ -11,6 +11,12 @@ hash-checked shard by shard). `files` always describes the full version, which
 is what a patch must rebuild. A manifest without patches is signed exactly as
 before patches existed.
 
+A version may instead be an adapter (LoRA, `trainer.lora`): its files are a peft
+adapter (`adapter_model.safetensors`, `adapter_config.json`), and `base` names the
+version it adapts and the whole-file sha256 of each of that version's files. A
+node runs base + adapter merged (shardcast/adapter.py) and holds the base as long
+as versions name it. A manifest without `base` is signed as before it existed.
+
 Signing: `signature` is the trainer's ed25519 signature (hex) of
 `b"swarmrl-manifest-v1\n"` + the manifest as canonical JSON (sorted keys, no
 spaces) with `signature` set to "". `signer` (the public key, hex) is inside
@@ -74,6 +80,17 @@ class PatchEntry(BaseModel):
         }
 
 
+class AdapterBase(BaseModel):
+    """The version an adapter version adapts, and its files' whole-file sha256 by name."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=0)
+    files: dict[str, str] = Field(max_length=10_000)
+
+    def matches(self, base: Manifest) -> bool:
+        return base.version == self.version and self.files == {f.name: f.sha256 for f in base.files}
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: int = Field(ge=0)
@@ -82,6 +99,7 @@ class Manifest(BaseModel):
     signer: str = Field("", pattern=r"^([0-9a-f]{64})?$")
     signature: str = Field("", pattern=r"^([0-9a-f]{128})?$")
     patches: list[PatchEntry] = Field(default_factory=list, max_length=MAX_PATCHES)
+    base: AdapterBase | None = None  # set: the files are an adapter over this version
 
     def file(self, name: str) -> FileEntry | None:
         """A file of the version or a patch file, by name."""
@@ -99,6 +117,8 @@ class Manifest(BaseModel):
         body["signature"] = ""
         if not body["patches"]:  # signed as manifests were before patches existed
             del body["patches"]
+        if body["base"] is None:  # and before adapter versions existed
+            del body["base"]
         return SIGNING_CONTEXT + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     def signed(self, key: SigningKey) -> Manifest:
@@ -169,12 +189,15 @@ def write_manifest(
     key: SigningKey | None = None,
     entries: list[FileEntry] | None = None,
     patches: list[PatchEntry] | None = None,
+    base: AdapterBase | None = None,
 ) -> Manifest:
     """Hash (unless `entries` are given), sign and commit the version in `directory`."""
     files = version_files(directory)
     if entries is None:
         entries = [hash_file(p, shard_bytes) for p in files]
-    manifest = Manifest(version=version, files=entries, created=time.time(), patches=patches or [])
+    manifest = Manifest(
+        version=version, files=entries, created=time.time(), patches=patches or [], base=base
+    )
     if key is not None:
         manifest = manifest.signed(key)
     _fsync_all(
@@ -215,6 +238,7 @@ def parse_manifest(data: bytes, where: str = "manifest") -> Manifest:
         or not all(n.endswith(PATCH_SUFFIX) for n in patch_names)
         or len({p.base_version for p in m.patches}) != len(m.patches)
         or any(p.base_version >= m.version for p in m.patches)
+        or (m.base is not None and (m.base.version >= m.version or m.patches))
     ):
         raise ManifestError(f"{where}: duplicate, reserved or misnamed files or patches")
     for f in [*m.files, *(p.file for p in m.patches)]:

@@ -22,7 +22,9 @@ manifests in between and walks the chain of patches when the chain is fewer
 bytes than the full version, installing each version on the way. A patch
 that does not rebuild its version (a base that is not the one it names) is
 given up for the full files. A server that sends a patch's bytes wrong is
-caught by the shard hash and reported like any other (`bad_data`). With
+caught by the shard hash and reported like any other (`bad_data`). An adapter
+version (shardcast/adapter.py) is fetched after the base it names, when that
+is not held. With
 `mirror_patches` (relays) the patch files are fetched along with the full
 files, so that the relay can serve them on.
 
@@ -60,6 +62,7 @@ from swarmrl.protocol.manifest import (
     read_manifest,
 )
 from swarmrl.protocol.patch import PatchError, apply_patch
+from swarmrl.shardcast.adapter import hold_base
 from swarmrl.shardcast.announce import POLL_WAIT_S, Announcements, BadBody, BadStatus, read_limited
 from swarmrl.shardcast.fastget import FastGet
 from swarmrl.shardcast.local import LocalWeights
@@ -242,7 +245,7 @@ class Follower(Announcements):
         self.in_flight = version
         try:
             got = await self._fetch_manifest(session, version)
-            if got is None:
+            if got is None or not await hold_base(self, session, got[0]):
                 return
             for m, raw, patch in await self._patch_route(session, *got):
                 if not await self._install(session, m, raw, patch):

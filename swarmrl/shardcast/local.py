@@ -12,6 +12,11 @@ here and the patch is at most that fraction of the full version's bytes; every
 written: a node that holds the base takes the patch, any other the files.
 Anchors bound the chain of patches a node that fell behind would walk; past
 an anchor it takes the anchor's full files.
+
+Adapter versions (`trainer.lora`): a version whose directory holds an adapter
+(`adapter_config.json`) is published with `base` = `adapter_base` (version 0,
+the full base model) in its manifest, and without patches: it is a few MB.
+Retention never deletes a version that a kept version names as its base.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from swarmrl.protocol.manifest import (
     MANIFEST,
     PATCH_SUFFIX,
     SHARD_BYTES,
+    AdapterBase,
     Manifest,
     ManifestError,
     PatchEntry,
@@ -59,8 +65,10 @@ class LocalWeights:
         trusted_key: str | None = None,
         patch_max_fraction: float = 0.0,
         anchor_every: int = 0,
+        adapter_base: int | None = None,
     ):
         self.root = Path(root)
+        self.adapter_base = adapter_base  # the version adapter versions adapt
         self.patch_max_fraction = patch_max_fraction
         self.anchor_every = anchor_every
         self.last_patch: dict | None = None  # what the last publish did about a patch
@@ -86,10 +94,22 @@ class LocalWeights:
         version; apply retention."""
         d = self.root / version_dir_name(version)
         entries = [hash_file(p, self.shard_bytes) for p in version_files(d)]
-        patches = self._patches(version, d, entries)
-        manifest = write_manifest(d, version, self.shard_bytes, self.key, entries, patches)
+        base = self._adapter_base(version, d)
+        patches = [] if base else self._patches(version, d, entries)
+        manifest = write_manifest(d, version, self.shard_bytes, self.key, entries, patches, base)
         self.retain()
         return manifest
+
+    def _adapter_base(self, version: int, d: Path) -> AdapterBase | None:
+        """The base an adapter version names (None for a full version)."""
+        from swarmrl.shardcast.adapter import ADAPTER_CONFIG
+
+        if not (d / ADAPTER_CONFIG).exists():
+            return None
+        if self.adapter_base is None or self.adapter_base >= version:
+            raise ManifestError(f"version {version} is an adapter, but no base version is set")
+        held = read_manifest(self.path(self.adapter_base))
+        return AdapterBase(version=held.version, files={f.name: f.sha256 for f in held.files})
 
     def _patches(self, version: int, d: Path, entries) -> list[PatchEntry]:
         from swarmrl.protocol.patch import build_patch
@@ -132,9 +152,12 @@ class LocalWeights:
         return [entry]
 
     def retain(self) -> list[int]:
-        """Delete all but the newest `keep` versions; return the deleted ones."""
+        """Delete all but the newest `keep` versions and the bases they name; return the
+        deleted ones."""
         versions = self.versions()
-        dropped = [v for v in versions[: max(0, len(versions) - self.keep)] if v != self.pinned]
+        kept = versions[max(0, len(versions) - self.keep) :]
+        bases = {self.base_of(v) for v in kept} | {self.pinned}
+        dropped = [v for v in versions[: max(0, len(versions) - self.keep)] if v not in bases]
         for v in dropped:
             self.delete(v)
         return dropped
@@ -153,6 +176,14 @@ class LocalWeights:
             if m and (d / MANIFEST).exists():
                 out.append(int(m.group(1)))
         return sorted(out)
+
+    def base_of(self, version: int) -> int | None:
+        """The version that `version` adapts (None: a full version, or unreadable)."""
+        try:
+            base = read_manifest(self.path(version)).base
+        except (OSError, ManifestError):
+            return None
+        return base.version if base else None
 
     def newest(self) -> int | None:
         v = self.versions()

@@ -44,8 +44,9 @@ from swarmrl.device import describe, resolve_device
 from swarmrl.models.loading import load_tokenizer, set_config_dtype
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key, parse_public_key, public_key_hex
-from swarmrl.protocol.manifest import ManifestError, version_files
+from swarmrl.protocol.manifest import MANIFEST, ManifestError, version_files
 from swarmrl.protocol.rollouts import Limits
+from swarmrl.shardcast.adapter import ADAPTER_CONFIG, merge
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.origin import Origin, Publisher
 from swarmrl.tasks.curriculum import run_curriculum
@@ -56,6 +57,7 @@ from swarmrl.trainer.batch import BatchCollector, OrchestratorQueue, Sample
 from swarmrl.trainer.correction import mismatch_by_node, mismatch_metrics
 from swarmrl.trainer.diloco import PolicySync, sync_row
 from swarmrl.trainer.fsdp import init_distributed, leave_distributed
+from swarmrl.trainer.lora import check_swarm, save_version
 from swarmrl.trainer.losses import advantage_scale
 from swarmrl.trainer.ranks import Policy, follow, optimizer_dir
 from swarmrl.trainer.share import share_row
@@ -102,9 +104,10 @@ def _publish(publisher: Publisher, model, snapshot: dict, tokenizer, version: in
     def write(d: Path) -> None:
         # read before saving: save_pretrained may empty the dict it is given
         floating = next(v.dtype for v in snapshot.values() if v.is_floating_point())
-        model.save_pretrained(d, state_dict=snapshot, safe_serialization=True)
-        tokenizer.save_pretrained(d)
-        set_config_dtype(d, str(floating).removeprefix("torch."))
+        save_version(model, d, snapshot)
+        if (d / "config.json").exists():  # a full version (an adapter uses its base's)
+            tokenizer.save_pretrained(d)
+            set_config_dtype(d, str(floating).removeprefix("torch."))
 
     publisher.submit(version, write, lambda: announce(version))
 
@@ -122,12 +125,14 @@ def _record_published(paths: RunPaths, weights: LocalWeights, version: int) -> N
 def _open_weights(cfg: RunConfig, paths: RunPaths) -> tuple[LocalWeights, Origin | None]:
     sc = cfg.shardcast
     keep = cfg.async_level + 1
+    base = 0 if cfg.trainer.lora.rank else None  # adapter versions adapt version 0
     if not sc.enabled:
-        return LocalWeights(paths.weights, keep=keep), None
+        return LocalWeights(paths.weights, keep=keep, adapter_base=base), None
     key = trainer_key(cfg)
     weights = LocalWeights(
         paths.weights,
         keep=keep,
+        adapter_base=base,
         key=key,
         shard_bytes=int(sc.shard_mb * 1e6),
         trusted_key=public_key_hex(key),
@@ -160,9 +165,7 @@ def trusted_validators(cfg: RunConfig) -> list[str] | None:
 def run_trainer(cfg: RunConfig, resume: bool = False) -> None:
     """The trainer; under torchrun (WORLD_SIZE > 1) rank 0 runs this loop and the other
     ranks follow it (trainer/ranks.py)."""
-    from swarmrl.trainer.lora import refuse_in_swarm
-
-    refuse_in_swarm(cfg)
+    check_swarm(cfg)
     device = resolve_device(cfg.trainer.device, "trainer.device")
     rank, world = init_distributed(device)
     torch.set_num_threads(cfg.trainer.threads)
@@ -485,7 +488,13 @@ def _finish(paths: RunPaths, weights, publisher: Publisher, policy, client: Orch
     final = paths.run / "final"
     if final.exists():
         shutil.rmtree(final)
-    shutil.copytree(weights.path(weights.newest()), final)
+    newest = weights.path(weights.newest())
+    if (newest / ADAPTER_CONFIG).exists():  # the merged model, and the adapter beside it
+        merge(weights.path(weights.base_of(weights.newest())), newest, final)
+        (final / MANIFEST).unlink()  # it lists the adapter's files: adapter/ keeps it
+        shutil.copytree(newest, final / "adapter")
+    else:
+        shutil.copytree(newest, final)
     _open_step(client, curriculum, last + 1, policy, done=True)
     from swarmrl.launch.report import write_report
 

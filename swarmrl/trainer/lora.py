@@ -2,14 +2,19 @@
 layers, through peft. The base weights stay frozen; each adapted layer computes
 W0·x + (α/r)·B·A·x, and only A and B (with their AdamW states) are trained.
 
-What the rest of the swarm runs is the merged model, W0 + (α/r)·B·A for every
-adapted layer (`merged_state`): engines, TOPLOC proofs and every validator check
+In the swarm, version 0 is the full base model and every later version is the
+adapter alone, in peft's own format (`save_version`), signed with the base's
+hashes in its manifest. Workers and validators run the merged model, W0 +
+(α/r)·B·A for every adapted layer (shardcast/adapter.py; `merged_state` is the
+same on the trainer's side): engines, TOPLOC proofs and every validator check
 see ordinary weights of the base model's shape and names. The trainer computes
 with the unmerged layers; the two differ by float rounding only, which the
 importance weights and the mismatch figures see like any other numerics.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -55,15 +60,54 @@ def trainable(model) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def refuse_in_swarm(cfg) -> None:
-    """Not finished: the swarm's trainer does not train adapters yet, nor publish
-    adapter-only versions for workers to merge (issue 37). A run that asks for them
-    is refused, not trained in full without saying so; bench/loss_table.py measures
-    LoRA's learning in one process."""
+def adapter_state(model) -> dict[str, torch.Tensor]:
+    """The adapters' weights under peft's saved names (what `save_version` writes)."""
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def save_version(model, d: Path, state: dict) -> None:
+    """Write `state` into version directory `d`: the adapter (peft's files, which
+    `PeftModel.from_pretrained` reads too) when it is `adapter_state`, else the whole
+    model as HF files."""
+    from safetensors.torch import save_file
+
+    from swarmrl.shardcast.adapter import ADAPTER_FILE
+
+    if not is_lora(model):
+        model.save_pretrained(d, state_dict=state, safe_serialization=True)
+    elif all(".lora_" in k for k in state):
+        save_file(state, str(d / ADAPTER_FILE), metadata={"format": "pt"})
+        model.peft_config["default"].save_pretrained(str(d))
+    else:  # version 0: the base model
+        model.get_base_model().save_pretrained(d, state_dict=state, safe_serialization=True)
+
+
+def load_adapter(model, d: Path) -> None:
+    """Set the adapters of `model` from the adapter version in `d` (a resume)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from swarmrl.shardcast.adapter import ADAPTER_FILE
+
+    state = load_file(str(Path(d) / ADAPTER_FILE))
+    result = set_peft_model_state_dict(model, state)
+    if result.unexpected_keys:
+        raise ValueError(f"{d}: adapter weights the model lacks: {result.unexpected_keys[:3]}")
+
+
+def check_swarm(cfg) -> None:
+    """Refuse what the swarm's trainer does not do with adapters: several ranks (FSDP),
+    DiLoCo sites and a KL penalty (its reference model is the unwrapped base)."""
     from swarmrl.config import ConfigError
 
-    if cfg.trainer.lora.rank:
+    tc = cfg.trainer
+    if not tc.lora.rank:
+        return
+    if tc.ranks > 1 or tc.diloco.sites or tc.kl_coef > 0:
         raise ConfigError(
-            "trainer.lora.rank > 0: the swarm cannot train LoRA adapters yet (only "
-            "bench/loss_table.py does); set trainer.lora.rank = 0"
+            "trainer.lora.rank > 0 works with one trainer rank, no DiLoCo sites and no KL "
+            f"penalty; this run has ranks {tc.ranks}, diloco.sites {tc.diloco.sites}, "
+            f"kl_coef {tc.kl_coef}"
         )

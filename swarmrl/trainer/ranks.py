@@ -27,6 +27,10 @@ them only when versions are published in a lower precision than the master
 weights (`model.publish_dtype` bfloat16 over float32 masters): otherwise the
 published version of the same step is the model.
 
+With `trainer.lora` (one rank only) the model is the base wrapped with peft
+adapters, AdamW takes the adapters alone, and versions after 0 are the adapter
+alone (trainer/lora.py); a resumed adapter version is loaded over `model.path`.
+
 Master and published weights: the trainer's parameters, gradients and AdamW
 state stay in `model.dtype` (float32); `snapshot` rounds a copy to the publish
 dtype (`publish_dtype`: bfloat16 where the trainer is on CUDA unless set), which
@@ -45,6 +49,8 @@ import torch
 
 from swarmrl.config import RunConfig, RunPaths
 from swarmrl.models.loading import load_model, load_tokenizer
+from swarmrl.shardcast.adapter import ADAPTER_CONFIG
+from swarmrl.trainer import lora
 from swarmrl.trainer.fsdp import full_state_dict, leave_distributed, shard
 from swarmrl.trainer.step import StepStats, grpo_update, set_lr
 
@@ -87,18 +93,25 @@ class Policy:
             model_path, optim_dir = _broadcast((model_path, optim_dir), self.rank)
         cfg = self.cfg
         self.pad_id = load_tokenizer(cfg.model.path).pad_token_id
-        model = load_model(model_path, cfg.model.dtype)
+        lc = cfg.trainer.lora
+        adapter = lc.rank and model_path and (Path(model_path) / ADAPTER_CONFIG).exists()
+        # an adapter version is resumed over the base it adapts: model.path
+        model = load_model(cfg.model.path if adapter else model_path, cfg.model.dtype)
         self.publish = publish_dtype(cfg, self.device)
         first = None
         if self.rank == 0:
             first = {k: self._published(v) for k, v in model.state_dict().items()}
+        if lc.rank:  # trainer/lora.py: the base frozen, the adapters trained
+            model = lora.wrap(model, lc)
+            if adapter:
+                lora.load_adapter(model, model_path)
         self.model = model.to(self.device)
         if self.world > 1:
             self.aliases = _aliases(self.model)
             shard(self.model, self.device)
         if cfg.trainer.kl_coef > 0:
             self.ref_model = load_model(cfg.model.path, cfg.model.dtype).to(self.device)
-        self.optimizer = adamw(list(self.model.parameters()), cfg.trainer)
+        self.optimizer = adamw(lora.trainable(self.model), cfg.trainer)
         if optim_dir:
             load_optimizer(self.model, self.optimizer, optim_dir)
         self.budget = (
@@ -133,7 +146,10 @@ class Policy:
         """A CPU copy of the full weights on rank 0 in the publish dtype, to publish (a
         collective). The master weights stay as they are."""
         if self.world == 1:
-            return {k: self._published(v) for k, v in self.model.state_dict().items()}
+            state = self.model.state_dict()
+            if lora.is_lora(self.model):  # the version is the adapter alone
+                state = lora.adapter_state(self.model)
+            return {k: self._published(v) for k, v in state.items()}
         full = full_state_dict(self.model)  # a collective
         if self.rank != 0:
             return None

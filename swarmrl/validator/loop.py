@@ -35,6 +35,7 @@ from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key
 from swarmrl.protocol.rollouts import sha256
 from swarmrl.protocol.verdict import Verdict
+from swarmrl.shardcast.adapter import model_dir
 from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.graders.registry import configure as configure_verifiers
 from swarmrl.tasks.sources.task_source import TaskSource
@@ -104,7 +105,7 @@ class Judge:
         if newest is None or newest < version:
             return False
         try:
-            self.backend.load(self.weights.open_verified(version))
+            self.backend.load(model_dir(self.weights, version))
         except FileNotFoundError:  # not mirrored (yet), or retention removed it
             return False
         self.loaded = version

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.diloco import CountingLink  # noqa: E402
 from swarmrl.diloco.allreduce import allreduce_fp32, allreduce_int8  # noqa: E402
-from swarmrl.trainer.fsdp import leave_distributed  # noqa: E402
+from swarmrl.trainer.fsdp import exit_after_leaving, leave_distributed  # noqa: E402
 
 SIZES = [1, 7, 255, 257, 4099, 70001]
 
@@ -47,6 +47,7 @@ def main() -> None:
             results[(w, n)] = {"x": x, "q": q, "exact": exact, "sent": counting.log}
     torch.save(results, f"{out}/rank{rank}.pt")
     leave_distributed()
+    exit_after_leaving()
 
 
 if __name__ == "__main__":

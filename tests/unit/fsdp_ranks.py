@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from swarmrl.device import resolve_device  # noqa: E402
 from swarmrl.trainer.fsdp import (  # noqa: E402
     full_state_dict,
+    exit_after_leaving,
     init_distributed,
     leave_distributed,
     save_checkpoint,
@@ -52,6 +53,7 @@ def main() -> None:
             out["after_second"] = after
         torch.save(out, sys.argv[1])
     leave_distributed()
+    exit_after_leaving()
 
 
 if __name__ == "__main__":

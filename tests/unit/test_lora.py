@@ -1,13 +1,11 @@
 """LoRA (trainer/lora.py): the merged weights compute what the adapted model computes,
-a GRPO update trains the adapters alone, and the swarm refuses a run that asks for
-adapters it cannot train yet."""
+and a GRPO update trains the adapters alone (the swarm's adapter versions:
+test_lora_versions.py)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from swarmrl.config import ConfigError, load_config
 from swarmrl.config.trainer import TrainerConfig, TrainerLoraConfig
 from swarmrl.models.loading import load_model
 from swarmrl.trainer import lora
@@ -52,12 +50,3 @@ def test_an_update_moves_the_adapters_and_nothing_else(random_model_dir):
     after = model.state_dict()
     moved = {k for k in after if not torch.equal(after[k], before[k])}
     assert moved and all(".lora_" in k for k in moved), sorted(moved)[:5]
-
-
-def test_the_swarm_refuses_adapters_it_cannot_train_yet(tmp_path):
-    from swarmrl.trainer.lora import refuse_in_swarm
-
-    cfg = load_config(None, ["trainer.lora.rank=8"])
-    with pytest.raises(ConfigError, match="cannot train LoRA adapters yet"):
-        refuse_in_swarm(cfg)
-    refuse_in_swarm(load_config(None, []))
