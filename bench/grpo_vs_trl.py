@@ -31,8 +31,9 @@ Systems, run one after another on the same machine:
 
 Shared settings come from the swarmrl config: model, task and prompts (the chat
 template, one user turn), group size G, batch_groups B (TRL: B·G completions per
-step), max_new_tokens, temperature, top_p, lr, AdamW betas and weight decay, grad
-clip, ε, δ, KL coefficient, seed. TRL also gets a constant lr, plain AdamW, no
+step), max_new_tokens, temperature, top_p, lr (TRL's own with `--trl-lr`: at the same
+lr TRL's update is smaller, since it averages over groups without signal too), AdamW
+betas and weight decay, grad clip, ε, δ, KL coefficient, seed. TRL also gets a constant lr, plain AdamW, no
 activation checkpointing, one optimizer step per generation batch, scale_rewards =
 "group" and loss_type = "dr_grpo" (token losses summed and divided by
 B·G·max_new_tokens: swarmrl's "grpo" loss and its constant token budget).
@@ -172,7 +173,7 @@ def run_trl(cfg, args, snaps: Path) -> dict:
         num_generations=G, per_device_train_batch_size=B * G // k, steps_per_generation=k,
         gradient_accumulation_steps=1, num_iterations=1,
         max_completion_length=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
-        top_p=cfg.sampling.top_p, top_k=0, learning_rate=tc.lr, lr_scheduler_type="constant",
+        top_p=cfg.sampling.top_p, top_k=0, learning_rate=args.trl_lr or tc.lr, lr_scheduler_type="constant",
         warmup_steps=0, optim="adamw_torch", adam_beta1=tc.betas[0], adam_beta2=tc.betas[1],
         weight_decay=tc.weight_decay, max_grad_norm=tc.grad_clip, beta=tc.kl_coef,
         epsilon=tc.epsilon, delta=tc.delta, loss_type="dr_grpo", scale_rewards="group",
@@ -366,6 +367,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=14, help="per system (make run's budget)")
     p.add_argument("--systems", default="trl,swarmrl", help=f"of {', '.join(SYSTEMS)}")
     p.add_argument("--trl-threads", type=int, default=2)
+    p.add_argument("--trl-lr", type=float, default=None, help="TRL's lr (default: the config's)")
     p.add_argument("--seeds", default="0,1", help="comma-separated; each runs every system")
     p.add_argument("--out", default="bench/results/grpo_vs_trl.json")
     args = p.parse_args()

@@ -75,8 +75,11 @@ def lora_versions(runs: Path, steps: int, seed: int, threads: int) -> dict:
     rows = [json.loads(x) for x in (run / "published.jsonl").read_text().splitlines()]
     full = next(r["full_bytes"] for r in rows if r["version"] == 0)
     adapters = [r["full_bytes"] for r in rows if r["version"] > 0]
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return {"steps": steps, "full_bytes": full, "adapter_bytes": adapters,
-            "full_over_adapter": full / max(adapters)}  # fmt: skip
+            "full_over_adapter": full / max(adapters),
+            "train_step_s": float(np.mean([r["train_s"] for r in metrics])),
+            "trainer_peak_rss_mb": metrics[-1].get("peak_rss_mb")}  # fmt: skip
 
 
 def per_version(run: Path) -> dict:
@@ -105,6 +108,7 @@ def per_version(run: Path) -> dict:
         },
         "build_s": {"mean": float(np.mean([r["patch_build_s"] for r in patched]))},
         "train_step_s": {"mean": float(np.mean(step_s)), "n": len(step_s)},
+        "trainer_peak_rss_mb": steps[-1].get("peak_rss_mb"),
     }
 
 

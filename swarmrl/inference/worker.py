@@ -63,7 +63,7 @@ from swarmrl.inference.rows import (  # noqa: F401  (the seam: sim/ and the benc
     with_budget,
 )
 from swarmrl.inference.trajectory import check_turns
-from swarmrl.models.loading import load_tokenizer
+from swarmrl.models.loading import ModelLoadError, load_tokenizer, resolve_model_path
 from swarmrl.protocol.assign import Assignment
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
@@ -259,6 +259,27 @@ class WorkerNode:
             self.loaded = newest
         return True
 
+    def start_early(self) -> None:
+        """Before any version is here (the trainer is still publishing version 0): load
+        the engine from the run's base model when this node holds it (`model.path`),
+        measure the hardware on it and register. Version 0, once fetched and verified,
+        is then a weights swap into a loaded engine. Nothing is generated from weights
+        the trainer did not sign: work is asked for only with a verified version loaded.
+        Skipped by a simulated dishonest worker and where the base is not here."""
+        if self.weights.newest() is not None or type(self.work) is not HonestWork:
+            return
+        try:
+            resolve_model_path(self.cfg.model.path)
+            t0 = time.time()
+            self.backend.load(Path(self.cfg.model.path))
+        except (ModelLoadError, OSError) as e:  # recovered: version 0 loads it instead
+            log.info("base model not loaded before version 0 (%s)", e)
+            return
+        self.tokenizer = load_tokenizer(self.cfg.model.path)
+        check_turns(environment_of(self.cfg), self.tokenizer, self.backend.eos_id)
+        log.info("loaded the base model in %.2fs while version 0 is published", time.time() - t0)
+        self.enlist()
+
     def register(self, c: OrchestratorClient | None = None) -> None:
         """Register (again) with the hardware measured at the first registration."""
         c = c or self.client
@@ -395,6 +416,7 @@ def run_worker(
     home.mkdir(parents=True, exist_ok=True)
     w = join_run(url, home, threads, backend, work, after_load, device)
     w.invite = invite
+    w.start_early()
     waiting = None  # the last reason the orchestrator gave for no work
     while True:
         if not w.follow_weights():

@@ -54,12 +54,13 @@ from swarmrl.tasks.sources.task_source import TaskSource
 from swarmrl.tracking import Tracker
 from swarmrl.trainer.advantages import scale_advantages
 from swarmrl.trainer.batch import BatchCollector, OrchestratorQueue, Sample
-from swarmrl.trainer.correction import mismatch_by_node, mismatch_metrics
+from swarmrl.trainer.correction import mismatch_by_node
 from swarmrl.trainer.diloco import PolicySync, sync_row
 from swarmrl.trainer.fsdp import init_distributed, leave_distributed
 from swarmrl.trainer.lora import check_swarm, save_version
 from swarmrl.trainer.losses import advantage_scale
 from swarmrl.trainer.ranks import Policy, follow, optimizer_dir
+from swarmrl.trainer.rows import log_step, metrics_row
 from swarmrl.trainer.share import share_row
 
 log = logging.getLogger("swarmrl.trainer")
@@ -255,7 +256,7 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
         _report_mismatch(client, step, batch.samples, stats)
         synced = sync.sync(step, True) if sync and sync.due(step) else None
         snapshot = policy.snapshot()
-        row = _metrics_row(
+        row = metrics_row(
             cfg, step, level, curriculum.issued[step + 1], batch, stats, train_s,
             len(collector.carry), t_start,
         )  # fmt: skip
@@ -272,7 +273,7 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
             _delete_states_before(paths, version - cfg.async_level)
 
         _publish(publisher, policy.model, snapshot, tokenizer, step, after_publish)
-        _log_step(row)
+        log_step(row)
         last = step
         if cfg.trainer.max_minutes and row["elapsed_s"] >= 60 * cfg.trainer.max_minutes:
             log.info("step %d: %.1f minutes of training reached; the run ends here",
@@ -373,60 +374,6 @@ def _collector(cfg: RunConfig, client: OrchestratorClient, begin: _Start) -> Bat
     return collector
 
 
-def _metrics_row(cfg: RunConfig, step: int, level: int, next_level: int, batch, stats,
-                 train_s: float, carried: int, t_start: float) -> dict:  # fmt: skip
-    """The metrics row of `step` (docs/architecture.md lists its fields); warns when too
-    few of the groups read carried signal."""
-    n = len(batch.samples)
-    seq_tokens = sum(len(s.prompt_tokens) + len(s.completion_tokens) for s in batch.samples)
-    trained_reward = sum(s.reward for s in batch.samples) / n
-    read = batch.read_samples
-    outcomes = batch.outcomes
-    signal = sum(o.signal for o in outcomes) / len(outcomes) if outcomes else 1.0
-    min_signal = cfg.curriculum.min_signal
-    if outcomes and signal < min_signal:
-        log.warning(
-            "step %d: only %.0f%% of the %d groups read carried signal (floor %.0f%%)",
-            step, 100 * signal, len(outcomes), 100 * min_signal,
-        )  # fmt: skip
-    return {
-        "step": step,
-        "reward": batch.read_reward_sum / read if read else trained_reward,
-        "task_reward": batch.read_task_reward_sum / read
-        if read
-        else sum(s.task_reward for s in batch.samples) / n,
-        "reward_trained": trained_reward,
-        "length_penalty": sum(s.length_penalty for s in batch.samples) / n,
-        "loss": stats.loss,
-        "grad_norm": stats.grad_norm,
-        "clip_fraction": stats.clip_fraction,
-        "entropy": stats.entropy,
-        "kl": stats.kl,
-        **mismatch_metrics(batch.samples, stats.mismatch, step),
-        "staleness": sum(step - s.policy_step for s in batch.samples) / n,
-        "samples": n,
-        "groups": batch.groups,
-        "completion_tokens": stats.tokens,
-        "tokens_per_s": seq_tokens / max(train_s, 1e-9),
-        "accepted_files": batch.accepted_files,
-        "rejected_files": batch.rejected_files,
-        "stale_files": batch.stale_files,
-        "dropped_groups": batch.dropped_groups,
-        "groups_read": len(outcomes),
-        "samples_read": read,
-        "signal_fraction": signal,
-        "solved_groups": sum(o.solved for o in outcomes),
-        "failed_groups": sum(o.failed for o in outcomes),
-        "level": level,
-        "next_level": next_level,
-        "stale_groups": batch.stale_groups,
-        "carried_groups": carried,
-        "wait_s": batch.wait_s,
-        "train_s": train_s,
-        "elapsed_s": time.time() - t_start,
-    }
-
-
 def _report_mismatch(client: OrchestratorClient, step: int, samples, stats) -> None:
     """Per-node mismatch to the orchestrator, which sends an outlier to a validator."""
     nodes = mismatch_by_node(samples, stats.mismatch, step)
@@ -436,16 +383,6 @@ def _report_mismatch(client: OrchestratorClient, step: int, samples, stats) -> N
         client.call("POST", "/v1/trainer/mismatch", {"step": step, "nodes": nodes})
     except OrchestratorError as e:  # a lost report loses a trust signal, not the run
         log.warning("step %d: the mismatch report was refused: %s", step, e)
-
-
-def _log_step(row: dict) -> None:
-    log.info(
-        "step %d level %d reward %.3f loss %.4f grad %.3f staleness %.2f samples %d "
-        "dropped %d signal %.2f wait %.1fs train %.1fs",
-        row["step"], row["level"], row["reward"], row["loss"], row["grad_norm"],
-        row["staleness"], row["samples"], row["dropped_groups"], row["signal_fraction"],
-        row["wait_s"], row["train_s"],
-    )  # fmt: skip
 
 
 def _save_state(paths: RunPaths, policy, step: int, consumed, collector: BatchCollector,

@@ -214,19 +214,30 @@ def adamw(params: list, tc) -> torch.optim.AdamW:
         return torch.optim.AdamW(params, **kw)
 
 
+def _masters(model) -> dict:
+    """The master weights to checkpoint: the trained ones (all of them without LoRA,
+    whose frozen base is model.path's and is not saved again)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model)
+    trained = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    if len(trained) == len(list(model.named_parameters(remove_duplicate=False))):
+        return state
+    return {k: v for k, v in state.items() if k in trained}
+
+
 def save_optimizer(model, optimizer, path: Path, masters: bool = False) -> None:
     """The optimizer's state as a DCP checkpoint (a collective); with `masters`, the
     model's weights too: they are the master weights when versions are published in
     a lower precision, and the published version cannot restore them."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
         get_optimizer_state_dict,
     )
 
     state = {"optim": get_optimizer_state_dict(model, optimizer)}
-    if masters:
-        state["model"] = get_model_state_dict(model)
+    if masters:  # frozen weights (LoRA's base) are model.path's: not saved again
+        state["model"] = _masters(model)
     with warnings.catch_warnings():  # one process without a group: what we mean
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(state, checkpoint_id=str(path))
@@ -237,7 +248,7 @@ def load_optimizer(model, optimizer, path) -> None:
     the master weights when it holds them."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
+        StateDictOptions,
         get_optimizer_state_dict,
         set_model_state_dict,
         set_optimizer_state_dict,
@@ -247,13 +258,14 @@ def load_optimizer(model, optimizer, path) -> None:
     keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     masters = any(k.startswith("model.") for k in keys)
     if masters:
-        state["model"] = get_model_state_dict(model)
+        state["model"] = _masters(model)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(path))
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optim"])
     if masters:
-        set_model_state_dict(model, state["model"])
+        frozen = any(not p.requires_grad for p in model.parameters())  # LoRA: adapters only
+        set_model_state_dict(model, state["model"], options=StateDictOptions(strict=not frozen))
 
 
 def follow(cfg: RunConfig, rank: int, world: int, device: torch.device) -> None:

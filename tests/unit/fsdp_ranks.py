@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from swarmrl.device import resolve_device  # noqa: E402
 from swarmrl.trainer.fsdp import (  # noqa: E402
-    full_state_dict,
     exit_after_leaving,
+    full_state_dict,
     init_distributed,
     leave_distributed,
     save_checkpoint,

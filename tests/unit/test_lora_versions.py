@@ -61,11 +61,11 @@ def _publish(weights: LocalWeights, policy: Policy, version: int, state: dict, t
     return weights.publish(version)
 
 
-def _trained(tmp_path, random_model_dir, key, steps=3, keep=2):
+def _trained(tmp_path, random_model_dir, key, steps=3, keep=2, *overrides):
     """A LoRA policy trained `steps` steps, each version published to an origin's weights."""
     from swarmrl.models.loading import load_tokenizer
 
-    cfg = _cfg(tmp_path, random_model_dir)
+    cfg = _cfg(tmp_path, random_model_dir, *overrides)
     policy = Policy(cfg, 0, 1)
     first = policy.start(str(random_model_dir))
     weights = LocalWeights(tmp_path / "origin", keep=keep, key=key, shard_bytes=SHARD,
@@ -149,9 +149,18 @@ def test_a_node_that_joins_late_fetches_the_base_through_a_relay(tmp_path, rando
     assert all(torch.allclose(merged.state_dict()[k], want[k], atol=1e-6) for k in want)
 
 
-def test_a_resume_continues_the_adapters(tmp_path, random_model_dir, key):
-    cfg, policy, weights = _trained(tmp_path, random_model_dir, key, steps=2)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_resume_continues_the_adapters(tmp_path, random_model_dir, key, dtype):
+    """The adapters come back exactly: from the version (float32), or from the optimizer
+    checkpoint's masters (bfloat16 versions), which hold the adapters alone."""
+    import torch.distributed.checkpoint as dcp
+
+    over = f"model.publish_dtype={dtype}"
+    cfg, policy, weights = _trained(tmp_path, random_model_dir, key, 2, 2, over)
     optim = policy.save(cfg.paths, 2)
+    saved = dcp.FileSystemReader(str(optim)).read_metadata().state_dict_metadata
+    masters = {k for k in saved if k.startswith("model.")}
+    assert all(".lora_" in k for k in masters) and (dtype == "bfloat16") == bool(masters)
     again = Policy(cfg, 0, 1)
     again.start(str(weights.path(2)), str(optim))
     before = policy.model.state_dict()
