@@ -73,7 +73,8 @@ def lora_versions(runs: Path, steps: int, seed: int, threads: int) -> dict:
     run = run_swarm(runs, steps, seed, threads, 2e-4, "trainer.lora.rank=4", "name=lora",
                     "shardcast.patch_max_fraction=0")  # fmt: skip
     rows = [json.loads(x) for x in (run / "published.jsonl").read_text().splitlines()]
-    full = next(r["full_bytes"] for r in rows if r["version"] == 0)
+    # version 0, the base, is kept for the whole run (published.jsonl starts at 1)
+    full = sum(p.stat().st_size for p in version_files(run / "weights" / "step_000000"))
     adapters = [r["full_bytes"] for r in rows if r["version"] > 0]
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return {"steps": steps, "full_bytes": full, "adapter_bytes": adapters,

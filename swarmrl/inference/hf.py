@@ -213,7 +213,8 @@ class HFBackend:
         """The validator's pass, one batch at a time: for each (prompt, completion),
         yields (index, bf16 final-norm states (n, H), float32 logits (n, V)) of its n
         generated positions, from one forward over prompt + completion[:-1],
-        left-padded like the sampling loop. A batch holds at most `max_tokens`
+        left-padded like the sampling loop; where samples of a batch share a prompt
+        (a group), it runs once (`_prefill_shared`). A batch holds at most `max_tokens`
         padded tokens and `max_logits` logits; the caller drops each batch before
         the next is computed, so memory stays bounded whatever the file."""
         import torch
@@ -233,6 +234,9 @@ class HFBackend:
                 batches[-1] = trial
         for batch in batches:
             if not batch:
+                continue
+            if len({tuple(prompts[j]) for j in batch}) < len(batch):
+                yield self._prefill_shared(batch, prompts, completions)
                 continue
             seqs = [(prompts[j] + completions[j])[:-1] for j in batch]
             width = max(len(x) for x in seqs)
@@ -262,3 +266,68 @@ class HFBackend:
                 )
             del logits, hidden, states
             yield out
+
+    def _prefill_shared(self, batch: list[int], prompts, completions) -> list:
+        """One batch of `prefill_batches` with each distinct prompt run once, laid out
+        as the sampling loop lays out a file (inference/generation.py: prompts
+        left-padded to one width, each row's keys and values copied from its prompt's,
+        the completions after them): the prompt pass's last position scores each
+        completion's first token, one pass over the completions (last token dropped)
+        the rest. A group's samples share their prompt, so this runs a file's
+        prompt tokens once per group instead of once per sample."""
+        import torch
+        from transformers import DynamicCache
+
+        from swarmrl.inference.generation import with_cache
+
+        dev, model = self.device, self.model
+        ps = [prompts[j] for j in batch]
+        firsts, index = distinct_prompts(ps)
+        width = max(len(x) for x in ps)
+        ids = torch.full((len(ps), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(ps), width), dtype=torch.long)
+        for row, x in enumerate(ps):
+            ids[row, width - len(x) :] = torch.tensor(x)
+            attn[row, width - len(x) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        rows, place = torch.tensor(firsts), torch.tensor(index, device=dev)
+        cache = DynamicCache()
+        states = _LastStates(model, last_only=True)
+        try:
+            with torch.no_grad():
+                logits = model(
+                    input_ids=ids[rows].to(dev), attention_mask=attn[rows].to(dev),
+                    position_ids=pos[rows].to(dev), **with_cache(model, cache),
+                    use_cache=True, logits_to_keep=1,
+                ).logits[:, -1][place]  # fmt: skip
+        finally:
+            states.close()
+        hidden = states.states[0][place]
+        rest = max(len(completions[j]) for j in batch) - 1
+        if rest > 0:
+            cache.reorder_cache(place)
+            c_ids = torch.full((len(ps), rest), self.pad_id, dtype=torch.long)
+            for row, j in enumerate(batch):
+                c = completions[j][:-1]
+                c_ids[row, : len(c)] = torch.tensor(c, dtype=torch.long)
+            c_attn = torch.cat([attn, torch.ones((len(ps), rest), dtype=torch.long)], dim=1)
+            c_pos = pos[:, -1:] + 1 + torch.arange(rest)
+            c_states = _LastStates(model, last_only=False)
+            try:
+                with torch.no_grad():
+                    c_logits = model(
+                        input_ids=c_ids.to(dev), attention_mask=c_attn.to(dev),
+                        position_ids=c_pos.to(dev), **with_cache(model, cache), use_cache=True,
+                    ).logits  # fmt: skip
+            finally:
+                c_states.close()
+            c_hidden = c_states.states[0]
+        out = []
+        for row, j in enumerate(batch):
+            n = len(completions[j])
+            h, lg = hidden[row : row + 1], logits[row : row + 1]
+            if n > 1:
+                h = torch.cat([h, c_hidden[row, : n - 1]])
+                lg = torch.cat([lg, c_logits[row, : n - 1]])
+            out.append((j, h.cpu(), lg.float().cpu()))
+        return out

@@ -132,3 +132,33 @@ def test_a_shared_prompt_pass_decodes_what_one_pass_per_row_does(random_model_di
     for x, y in zip(shared, each, strict=True):
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
     assert len({tuple(c.tokens) for c in shared}) > 2
+
+
+def test_the_validators_prefill_runs_each_prompt_once_and_computes_the_same(random_model_dir):
+    """A file's samples share their group's prompt: the validator's prefill runs each
+    distinct prompt once and the completions on its keys and values, and gets the
+    states and logits of the one-sequence-per-sample pass, to float error."""
+    tok = load_tokenizer(str(random_model_dir))
+    be = HFBackend()
+    be.load(random_model_dir)
+    prompts = [encode_prompt(tok, "ab"), encode_prompt(tok, "a much longer prompt here")]
+    rows = [p for p in prompts for _ in range(3)]
+    done = be.generate(rows, list(range(6)), 8, 1.0, 1.0)
+    comps = [c.tokens for c in done]
+    comps[0] = comps[0][:1]  # a one-token completion: scored by the prompt pass alone
+    shared = be.prefill(rows, comps)
+    calls = []
+    hook = be.model.register_forward_pre_hook(
+        lambda m, a, kw: calls.append(kw["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        again = be.prefill(rows, comps)
+    finally:
+        hook.remove()
+    assert calls[0][0] == 2 and calls[1][0] == 6  # 2 distinct prompts, then 6 completions
+    alone = [be.prefill([r], [c])[0] for r, c in zip(rows, comps, strict=True)]  # unshared
+    for (h, lg), (h2, lg2), (h1, lg1), c in zip(shared, again, alone, comps, strict=True):
+        assert h.shape == h1.shape == (len(c), h1.shape[1]) and lg.shape == lg1.shape
+        assert torch.equal(h, h2) and torch.equal(lg, lg2)
+        assert torch.allclose(lg, lg1, atol=1e-4), (lg - lg1).abs().max()
+        assert torch.allclose(h.float(), h1.float(), atol=0.05)  # bfloat16 states
