@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from swarmrl.procs import pid_alive
 from swarmrl.protocol.manifest import MANIFEST, ManifestError, read_manifest
 
 log = logging.getLogger("swarmrl.shardcast")
@@ -159,21 +160,12 @@ def _tidy(root: Path, newest: Path) -> None:
         if int(pid) == os.getpid():
             if not d.name.startswith("."):
                 mine.append(d)
-        elif not _alive(int(pid)):
+        elif not pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
     mine.sort(key=lambda d: d.name)
     for d in mine[:-_KEEP_MERGED]:
         if d != newest:
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

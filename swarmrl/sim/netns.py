@@ -48,6 +48,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swarmrl.procs import pid_alive
+
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
 PREFIX = "srl"  # every namespace and cgroup this module makes is named PREFIX<pid>-...
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
@@ -112,15 +114,6 @@ def _owner(name: str) -> int | None:
         return None
     head = name[len(PREFIX) :].split("-", 1)[0]
     return int(head) if head.isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -136,7 +129,7 @@ def sweep() -> list[str]:
     gone = []
     for name in namespaces():
         pid = _owner(name)
-        if pid is not None and not _alive(pid):
+        if pid is not None and not pid_alive(pid):
             left = _ip("netns", "pids", name, check=False).stdout.split()
             _kill_all(int(p) for p in left)  # processes it started, still inside
             _ip("netns", "del", name, check=False)
@@ -144,13 +137,13 @@ def sweep() -> list[str]:
     for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
         pid = _owner(name[:-1]) if name.endswith("h") else None
-        if pid is not None and not _alive(pid):  # a host leg (attach_host)
+        if pid is not None and not pid_alive(pid):  # a host leg (attach_host)
             _ip("link", "del", name, check=False)
             gone.append(name)
     if CGROUP_CPU.is_dir():
         for group in CGROUP_CPU.glob(f"{PREFIX}*"):
             pid = _owner(group.name)
-            if pid is not None and not _alive(pid):
+            if pid is not None and not pid_alive(pid):
                 _kill_all(int(p) for p in _tasks(group))
                 _remove_cgroup(group)
                 gone.append(str(group))
@@ -167,7 +160,7 @@ def _kill_all(pids) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + STOP_GRACE_S
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)  # a killed process leaves its namespace and cgroup as it is reaped
 
 
