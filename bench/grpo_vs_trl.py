@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/grpo_vs_trl.py [--config configs/default.toml] [--target 0.4]
         [--snapshot-every 2] [--eval-problems 200] [--max-seconds 900] [--max-steps 14]
-        [--systems trl,swarmrl] [--trl-threads 2] [--seeds 0,1]
+        [--systems trl,swarmrl] [--trl-threads 2] [--seeds 0,1] [--trl-lr LR]
+        [--trl-from EARLIER.json]
 
 The task is `make run`'s: SmolLM2-135M-Instruct (the same GGUF file for both) learning
 2-digit addition on this CPU. What counts is what a researcher would check: greedy
@@ -19,6 +20,10 @@ Per seed, the two figures the comparison is judged by:
   is sooner. None when either system did not reach it.
 - `accuracy_at_equal_time`: at T, the earlier of the two systems' last snapshots
   in wall time, each system's held-out accuracy of its newest snapshot taken by T.
+
+`--trl-from` reuses the TRL runs of an earlier output of this bench (TRL's side
+unchanged, only swarmrl re-run): its snapshots are gone, so at T it gives TRL's
+newest *scored* snapshot taken by T, marked `newest_scored_by_t`.
 
 Systems, run one after another on the same machine:
 - trl: GRPOTrainer in this process with --trl-threads threads, generating with
@@ -292,10 +297,28 @@ def at_time(cfg, args, res: dict, snaps: dict, scored: dict) -> dict:
             out[name] = {"step": 0, "accuracy": args.start_accuracy}
             continue
         s = max(taken)
+        if s not in scored[name] and snaps[name] is None:  # reused: its newest scored one
+            s = max([x for x in scored[name] if x <= s], default=0)
+            out[name] = {"step": s, "accuracy": scored[name].get(s, {}).get(
+                "accuracy", args.start_accuracy), "newest_scored_by_t": True}  # fmt: skip
+            continue
         if s not in scored[name]:
             scored[name][s] = score(cfg, args, str(snaps[name] / f"step_{s:06d}"))
         out[name] = {"step": s, "accuracy": scored[name][s]["accuracy"]}
     return out
+
+
+def reused(args, seed: int, scored: dict) -> dict | None:
+    """TRL's result for `seed` from an earlier run of this bench (`--trl-from`), its
+    scored snapshots into `scored`; None when that file has no TRL run of the seed."""
+    if not args.trl_from:
+        return None
+    old = json.loads(Path(args.trl_from).read_text())["seeds"].get(str(seed), {}).get("trl")
+    if old is None:
+        return None
+    old["snapshots"] = {int(k): v for k, v in old["snapshots"].items()}
+    scored.update({h["step"]: h for h in old["held_out"]})
+    return old | {"reused_from": args.trl_from}
 
 
 def one_seed(args, seed: int) -> dict:
@@ -310,6 +333,11 @@ def one_seed(args, seed: int) -> dict:
     res, scored, snaps = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as d:
         for name in args.system_list:
+            scored[name] = {}
+            if name == "trl" and (old := reused(args, seed, scored[name])) is not None:
+                log(f"trl: seed {seed} reused from {args.trl_from}")
+                res[name], snaps[name] = old, None
+                continue
             work = Path(d) / name
             snaps[name] = work / "snaps"
             snaps[name].mkdir(parents=True)
@@ -322,7 +350,6 @@ def one_seed(args, seed: int) -> dict:
             if not rows:
                 sys.exit(f"{name} trained no step within {args.max_seconds:.0f}s")
             log(f"{name}: {len(rows)} steps; scoring its snapshots")
-            scored[name] = {}
             res[name] = run | to_target(cfg, args, rows, snaps[name], args.target, scored[name])
         equal = at_time(cfg, args, res, snaps, scored)
     for name, r in res.items():
@@ -368,6 +395,10 @@ def main() -> None:
     p.add_argument("--systems", default="trl,swarmrl", help=f"of {', '.join(SYSTEMS)}")
     p.add_argument("--trl-threads", type=int, default=2)
     p.add_argument("--trl-lr", type=float, default=None, help="TRL's lr (default: the config's)")
+    p.add_argument(
+        "--trl-from", default=None,
+        help="an earlier output of this bench: its TRL runs are reused, not run again",
+    )  # fmt: skip
     p.add_argument("--seeds", default="0,1", help="comma-separated; each runs every system")
     p.add_argument("--out", default="bench/results/grpo_vs_trl.json")
     args = p.parse_args()
