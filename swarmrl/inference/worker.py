@@ -263,10 +263,11 @@ class WorkerNode:
         """Before any version is here (the trainer is still publishing version 0): load
         the engine from the run's base model when this node holds it (`model.path`),
         measure the hardware on it and register. Version 0, once fetched and verified,
-        is then a weights swap into a loaded engine. Nothing is generated from weights
-        the trainer did not sign: work is asked for only with a verified version loaded.
-        Skipped by a simulated dishonest worker and where the base is not here."""
-        if self.weights.newest() is not None or type(self.work) is not HonestWork:
+        is then a weights swap into a loaded engine (`after_load`, a simulated cheater's
+        seam, runs after that load as after every other). Nothing is generated from
+        weights the trainer did not sign: work is asked for only with a verified version
+        loaded. Skipped where the base is not here."""
+        if self.weights.newest() is not None:
             return
         try:
             resolve_model_path(self.cfg.model.path)
