@@ -59,13 +59,13 @@ from swarmrl.protocol.manifest import (
     ManifestError,
     Shard,
     parse_manifest,
-    read_manifest,
 )
-from swarmrl.protocol.patch import PatchError, apply_patch
+from swarmrl.protocol.patch import PatchError
 from swarmrl.shardcast.adapter import hold_base
 from swarmrl.shardcast.announce import POLL_WAIT_S, Announcements, BadBody, BadStatus, read_limited
 from swarmrl.shardcast.fastget import FastGet
 from swarmrl.shardcast.local import LocalWeights
+from swarmrl.shardcast.patching import apply_to_held, patch_route
 from swarmrl.shardcast.servers import ServerPool, ShardcastError
 from swarmrl.shardcast.writer import ShardWriter, open_direct
 
@@ -75,7 +75,6 @@ CHUNK = 4 << 20
 MAX_SHARD_ATTEMPTS = 12
 FAILED_RETRY_S = 10.0  # a version given up on is tried again after this long
 MIN_SHARD_BPS = 256 * 1024  # slower than this (after a 10 s grace) counts as a failure
-MAX_CHAIN = 16  # patches walked at most to catch up; further behind takes the files
 PROGRESS_STEP = 4 << 20  # a relay streams in-flight shards onward in steps of this size
 
 
@@ -247,7 +246,7 @@ class Follower(Announcements):
             got = await self._fetch_manifest(session, version)
             if got is None or not await hold_base(self, session, got[0]):
                 return
-            for m, raw, patch in await self._patch_route(session, *got):
+            for m, raw, patch in await patch_route(self, session, *got):
                 if not await self._install(session, m, raw, patch):
                     break
                 if m.version == version:
@@ -255,35 +254,6 @@ class Follower(Announcements):
             await self._install(session, *got, None)
         finally:
             self.in_flight = None
-
-    async def _patch_route(self, session, manifest: Manifest, raw: bytes) -> list:
-        """[(manifest, raw, patch)] from the newest version held to `manifest`'s, one
-        patch each, when that is fewer bytes than the full version; else []."""
-        have = self.local.versions()
-        if not self.patches or not have or not manifest.patches:
-            return []
-        try:
-            held = read_manifest(self.local.path(have[-1]))
-        except (OSError, ManifestError):  # recovered: a version we cannot read is no base
-            return []
-        chain: list = [(manifest, raw)]
-        while chain[0][0].version > held.version + 1 and len(chain) <= MAX_CHAIN:
-            v = chain[0][0].version - 1
-            if v not in self._announced():
-                return []
-            got = await self._fetch_manifest(session, v, give_up=False)
-            if got is None:
-                return []
-            chain.insert(0, got)
-        route, before, size = [], held, 0
-        for m, r in chain:
-            patch = m.patch_from(before.version)
-            if patch is None or not patch.base_matches(before):
-                return []
-            route.append((m, r, patch))
-            size += patch.file.size
-            before = m
-        return route if size < manifest.total_bytes() else []
 
     async def _install(self, session, manifest: Manifest, raw: bytes, patch) -> bool:
         """Fetch `manifest`'s version (from `patch` and the version it names, or whole)
@@ -298,7 +268,7 @@ class Follower(Announcements):
         try:
             await self._fetch_shards(session, manifest, raw, d, wanted)
             if patch is not None:
-                await asyncio.to_thread(self._apply, manifest, patch, d)
+                await asyncio.to_thread(apply_to_held, self.local, manifest, patch, d)
         except (ShardcastError, PatchError) as e:
             if isinstance(e, PatchError):
                 log.warning("version %d: patch from %d refused (%s); fetching the files",
@@ -335,18 +305,6 @@ class Follower(Announcements):
         if self.on_fetched:
             self.on_fetched(fetched)
         return True
-
-    def _apply(self, manifest: Manifest, patch, d: Path) -> None:
-        base = self.local.path(patch.base_version)
-        expect = [(f.name, f.size, f.sha256) for f in manifest.files]
-        self.local.pinned = patch.base_version  # retention must not delete the base meanwhile
-        try:
-            apply_patch(
-                d / patch.file.name, base, patch.base_version, patch.base_files,
-                manifest.version, expect, d,
-            )  # fmt: skip
-        finally:
-            self.local.pinned = None
 
     async def _fetch_manifest(
         self, session: aiohttp.ClientSession, version: int, give_up: bool = True
