@@ -86,6 +86,7 @@ bench: $(STAMP) $(TINY)/warm_start.json chromium
 	$(BIN)/python bench/inference.py  # HF against vLLM (prints "skipped" without make vllm)
 	$(BIN)/python bench/vllm_trajectories.py  # multi-turn trajectories, HF against vLLM (the same)
 	$(BIN)/python bench/bf16_tolerances.py  # the validator's honest spreads, float32 and bfloat16
+	$(BIN)/python bench/verification_rates.py  # false rejections in 105k honest rollouts, the detection matrix (hours; resumable; --quick: minutes)
 	$(BIN)/python bench/weight_patches.py  # full versions against patches on a bfloat16 run
 	$(BIN)/python bench/dashboard_cost.py  # the orchestrator with and without a browser on its dashboard
 	$(BIN)/python bench/swarm_scale.py  # 35 workers, 3 relays in two levels, churn and cheaters on shaped links (root)

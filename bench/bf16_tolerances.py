@@ -37,8 +37,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from rollout_files import Maker, issued, make_judge, small_run  # noqa: E402
+from verification_cheats import save_version  # noqa: E402
 
-from swarmrl.models.loading import load_model, load_tokenizer, set_config_dtype  # noqa: E402
+from swarmrl.models.loading import load_model  # noqa: E402
 from swarmrl.sim.registry import SINGLE_TURN_CHEATS, make_cheat  # noqa: E402
 from swarmrl.validator.loop import logprob_tolerance, sampling_tolerance  # noqa: E402
 
@@ -64,11 +65,7 @@ SKIP = {"easy-level", "replay"}
 
 def version_dir(source, dtype: str, out: Path) -> Path:
     """`source` published as a version in `dtype`, as the trainer writes one."""
-    model = load_model(str(source)).to(getattr(torch, dtype))
-    model.save_pretrained(out, safe_serialization=True)
-    load_tokenizer(str(source)).save_pretrained(out)
-    set_config_dtype(out, dtype)
-    return out
+    return save_version(load_model(str(source)), source, dtype, out)
 
 
 def spread(xs: list[float]) -> dict:

@@ -108,4 +108,5 @@ def make_judge(cfg, tmp: Path) -> Judge:
     key = load_or_create_key(tmp / "keys" / "validator-0.key")
     judge = Judge(cfg, backend, FixedWeights(Path(cfg.model.path)), key)
     judge.loaded = 0  # the backend holds version 0 already (a .gguf cannot be hot-swapped)
+    judge.set_tolerances()  # as ensure_policy does after a load
     return judge

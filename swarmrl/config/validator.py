@@ -35,7 +35,8 @@ class ValidatorConfig(Section):
         le=10.0,
         description="Near-tie tolerance of the Gumbel-max check, in units of logits/T: "
         "must exceed twice the logit error between worker and validator (default by the "
-        "dtype versions run in: float32 0.01, bfloat16 1.0; docs/results.md).",
+        "dtype versions run in: float32 0.01, bfloat16 1.0, which `calibrate` tightens; "
+        "docs/verification.md).",
     )
     sampling_mean_tolerance: float | None = Field(
         None,
@@ -44,7 +45,8 @@ class ValidatorConfig(Section):
         description="Largest mean over a file's tokens of the Gumbel-max check's margin (how "
         "far a token's score falls short of the best, in logits/T; zero but at near-ties for "
         "an honest worker). Default by the dtype versions run in: float32 0.01 (the per-token "
-        "tolerance: no further bound), bfloat16 0.005; docs/results.md.",
+        "tolerance: no further bound), bfloat16 0.005, which `calibrate` tightens; "
+        "docs/verification.md.",
     )
     logprob_tolerance: float | None = Field(
         None,
@@ -52,7 +54,13 @@ class ValidatorConfig(Section):
         le=10.0,
         description="Largest mean difference over a file between a worker's log-probs and "
         "the validator's (default by the dtype versions run in, model.publish_dtype: "
-        "float32 2e-5, bfloat16 0.1; docs/results.md).",
+        "float32 2e-5, bfloat16 0.1, which `calibrate` tightens; docs/verification.md).",
+    )
+    calibrate: bool = Field(
+        True,
+        description="Set the three tolerances above, where not given, from this validator's "
+        "own honest samples of the first version of each dtype: 10x their largest errors, "
+        "between a floor and the dtype's default (validator/calibrate.py).",
     )
     max_batch_tokens: int = Field(
         16384, ge=256, le=1 << 24, description="Padded tokens per validation prefill."

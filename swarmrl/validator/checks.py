@@ -293,7 +293,8 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
     s = ctx.cfg.sampling
     bad_proof, bad_sampling, not_finite = [], [], []
     lp_sum, lp_count, per_sample = 0.0, 0, [0.0] * len(rows)
-    stats = {"chunks": 0, "max_exp_mismatches": 0, "max_mantissa_mean": 0.0}
+    stats = {"chunks": 0, "max_exp_mismatches": 0, "max_mantissa_mean": 0.0,
+             "max_mantissa_median": 0.0}  # fmt: skip
     worst, margin_sum, margin_tokens = 0.0, 0.0, 0
     batches = backend.prefill_batches(
         [r["prompt_tokens"] for r in rows],
@@ -317,6 +318,9 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
             )
             stats["max_mantissa_mean"] = max(
                 stats["max_mantissa_mean"], *(c.mantissa_mean for c in cs)
+            )
+            stats["max_mantissa_median"] = max(
+                stats["max_mantissa_median"], *(c.mantissa_median for c in cs)
             )
             r = rows[j]
             tokens = torch.tensor(r["completion_tokens"], device=logits.device)

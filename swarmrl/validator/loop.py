@@ -40,6 +40,7 @@ from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.graders.registry import configure as configure_verifiers
 from swarmrl.tasks.sources.task_source import TaskSource
 from swarmrl.toploc.proof import Thresholds
+from swarmrl.validator.calibrate import Calibration, calibrate
 from swarmrl.validator.checks import Context, Reject, check_with_model, check_without_model
 
 log = logging.getLogger("swarmrl.validator")
@@ -96,6 +97,7 @@ class Judge:
         self.ctx = make_context(cfg, load_tokenizer(cfg.model.path), backend)
         check_turns(environment_of(cfg), self.ctx.tokenizer, self.ctx.eos_id)
         self.loaded: int | None = None
+        self.calibrations: dict[str, Calibration | None] = {}  # by dtype
 
     def ensure_policy(self, version: int) -> bool:
         """Load `version`; False when this validator does not hold it (yet)."""
@@ -109,15 +111,39 @@ class Judge:
         except FileNotFoundError:  # not mirrored (yet), or retention removed it
             return False
         self.loaded = version
-        # the tolerance of the dtype this version runs in (the trainer's publish dtype)
-        dtype = self.backend.running_dtype
+        self.set_tolerances()
+        return True
+
+    def set_tolerances(self) -> None:
+        """The sampling check's tolerances for the dtype the loaded version runs in (the
+        trainer's publish dtype): measured by this validator once per dtype
+        (validator/calibrate.py) unless `[validator]` sets them or `calibrate` is off."""
+        dtype = self.backend.running_dtype or "float32"
+        v = self.cfg.validator
+        tol = {
+            "logprob": logprob_tolerance(self.cfg, dtype),
+            "sampling": sampling_tolerance(self.cfg, dtype),
+            "sampling_mean": sampling_mean_tolerance(self.cfg, dtype),
+        }
+        if v.calibrate and dtype not in self.calibrations:
+            try:
+                self.calibrations[dtype] = calibrate(self.ctx, self.backend, tol)
+            except Exception as e:  # the defaults stay; a warning, never a crash
+                log.warning("calibration in %s failed, the defaults stay: %s", dtype, e)
+                self.calibrations[dtype] = None
+            if self.calibrations[dtype] is not None:
+                log.info(self.calibrations[dtype].line())
+        cal = self.calibrations.get(dtype)
+        given = {"logprob": v.logprob_tolerance, "sampling": v.sampling_tolerance,
+                 "sampling_mean": v.sampling_mean_tolerance}  # fmt: skip
+        if cal is not None:
+            tol = {k: t if given[k] is not None else cal.tolerances[k] for k, t in tol.items()}
         self.ctx = dataclasses.replace(
             self.ctx,
-            logprob_tolerance=logprob_tolerance(self.cfg, dtype),
-            sampling_tolerance=sampling_tolerance(self.cfg, dtype),
-            sampling_mean_tolerance=sampling_mean_tolerance(self.cfg, dtype),
+            logprob_tolerance=tol["logprob"],
+            sampling_tolerance=tol["sampling"],
+            sampling_mean_tolerance=tol["sampling_mean"],
         )
-        return True
 
     def judge(
         self, key: str, data: bytes, trainer_step: int | None = None, issued: dict | None = None

@@ -88,13 +88,6 @@ def test_each_cheat_is_rejected_every_time(setup, cheat):
         assert v.samples and v.reason
 
 
-# The random model's honest bfloat16 spread (worker decode against validator prefill):
-# mean log-prob error at most 2e-4 per file, against 7e-3 for its weights rounded to fp8
-# (the low-precision cheat), which the defaults (set from SmolLM2's honest spread, 0.031)
-# let through on a model this small. This run sets the tolerance from its own spread.
-TINY_BF16_LOGPROB_TOLERANCE = 2e-3
-
-
 @pytest.fixture(scope="module")
 def bf16_setup(random_model_dir, tmp_path_factory):
     """The same random model published in bfloat16: worker and validator run it so."""
@@ -105,20 +98,28 @@ def bf16_setup(random_model_dir, tmp_path_factory):
     load_model(str(random_model_dir)).to(torch.bfloat16).save_pretrained(version)
     load_tokenizer(str(random_model_dir)).save_pretrained(version)
     set_config_dtype(version, "bfloat16")
-    cfg = small_run(tmp, version, f"validator.logprob_tolerance={TINY_BF16_LOGPROB_TOLERANCE}")
+    cfg = small_run(tmp, version)
     return cfg, tmp, make_judge(cfg, tmp), Maker(cfg, tmp, name="worker")
 
 
 def test_in_bfloat16_honest_files_pass_and_every_cheat_is_rejected(bf16_setup):
     """The matrix on a policy published in bfloat16 (its low-precision cheat rounds to
-    fp8): honest files accepted, each cheat caught at its check. The defaults' honest
-    spreads and margins are measured by bench/bf16_tolerances.py (docs/results.md)."""
-    from swarmrl.validator.loop import SAMPLING_TOLERANCE
+    fp8): honest files accepted, each cheat caught at its check. The validator sets its
+    tolerances from its own honest samples (validator/calibrate.py): the defaults, set
+    for SmolLM2's honest spread (mean log-prob error up to 0.031), would let fp8 weights
+    of a model this small through (7e-3 here, against honest files' 2e-4)."""
+    from swarmrl.validator.calibrate import FLOOR
+    from swarmrl.validator.loop import LOGPROB_TOLERANCE, SAMPLING_TOLERANCE
 
     cfg, tmp, judge, maker = bf16_setup
     assert maker.backend.running_dtype == judge.backend.running_dtype == "bfloat16"
-    assert judge.ctx.logprob_tolerance == TINY_BF16_LOGPROB_TOLERANCE
-    assert judge.ctx.sampling_tolerance == SAMPLING_TOLERANCE["bfloat16"]  # the default
+    cal = judge.calibrations["bfloat16"]
+    assert cal is not None and cal.measured["mean_logprob_error"] > 0
+    assert judge.ctx.logprob_tolerance == cal.tolerances["logprob"]
+    assert (
+        FLOOR["bfloat16"]["logprob"] <= judge.ctx.logprob_tolerance < LOGPROB_TOLERANCE["bfloat16"]
+    )
+    assert judge.ctx.sampling_tolerance < SAMPLING_TOLERANCE["bfloat16"]
     for _ in range(2):
         v = _judge(judge, *maker.file())
         assert v.accepted, (v.check, v.reason)
@@ -152,7 +153,20 @@ def test_a_first_bfloat16_version_is_judged_with_its_own_tolerances(
     v = _judge(judge, *maker.file())
     assert backend.running_dtype == "bfloat16"
     assert v.accepted, (v.check, v.reason)
-    assert 2e-5 < v.stats["mean_logprob_error"] < 0.1, v.stats
+    assert 2e-5 < v.stats["mean_logprob_error"] < judge.ctx.logprob_tolerance, v.stats
+    assert set(judge.calibrations) == {"bfloat16"}  # measured on the version's load
+
+
+def test_tolerances_set_in_the_config_are_not_calibrated(bf16_setup, tmp_path):
+    """A tolerance given in [validator] is used as it is; the others are calibrated."""
+    _, tmp, _, _ = bf16_setup
+    cfg = small_run(tmp_path, tmp / "version", "validator.logprob_tolerance=0.05")
+    judge = make_judge(cfg, tmp_path)
+    cal = judge.calibrations["bfloat16"]
+    assert judge.ctx.logprob_tolerance == 0.05
+    assert judge.ctx.sampling_mean_tolerance == cal.tolerances["sampling_mean"]
+    off = make_judge(small_run(tmp_path, tmp / "version", "validator.calibrate=false"), tmp_path)
+    assert off.calibrations == {} and off.ctx.logprob_tolerance == 0.1
 
 
 def test_tolerances_follow_the_dtype_versions_run_in():

@@ -1,0 +1,202 @@
+"""The figures of bench/verification_rates.py from its results file: honest rates and
+margins, the detection matrix, and (run as a script) its tables in Markdown and the
+tokens-to-detect figure for docs/verification.md.
+
+Usage: .venv/bin/python bench/verification_report.py runs/verification/rates.jsonl
+       [--markdown] [--plot docs/verification-detect.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from swarmrl.toploc.proof import Thresholds  # noqa: E402
+from swarmrl.validator.loop import (  # noqa: E402
+    LOGPROB_TOLERANCE,
+    SAMPLING_MEAN_TOLERANCE,
+    SAMPLING_TOLERANCE,
+)
+
+# each statistic a verdict records, the check it belongs to, and its default threshold
+STATS = {
+    "mean_logprob_error": ("logprob", LOGPROB_TOLERANCE),
+    "worst_sampling_margin": ("sampling", SAMPLING_TOLERANCE),
+    "mean_sampling_margin": ("sampling_mean", SAMPLING_MEAN_TOLERANCE),
+    "max_exp_mismatches": ("proof", Thresholds().max_exp_mismatches),
+    "max_mantissa_mean": ("proof", Thresholds().max_mantissa_mean),
+    "max_mantissa_median": ("proof", Thresholds().max_mantissa_median),
+}
+
+
+CALIBRATED = {"mean_logprob_error": "logprob", "worst_sampling_margin": "sampling",
+              "mean_sampling_margin": "sampling_mean"}  # fmt: skip
+
+
+def calibration_key(r: dict) -> str:
+    return "{model}-{dtype}-{length}-{turns}-v{validator_threads}".format(**r)
+
+
+def threshold(stat: str, dtype: str, tol: dict | None = None) -> float:
+    """The threshold of `stat`: the calibrated tolerance `tol` where given, else the
+    dtype's default."""
+    if tol is not None and stat in CALIBRATED:
+        return tol[CALIBRATED[stat]]
+    t = STATS[stat][1]
+    return t[dtype] if isinstance(t, dict) else t
+
+
+def rejected_by(r: dict, tol: dict | None = None) -> list[str]:
+    """The checks that reject an honest file judged with lifted sampling tolerances: the
+    check that failed, or each statistic past its threshold (`tol`: the tolerances the
+    condition's validator calibrated; None: the dtype's defaults)."""
+    if r["check"]:
+        return [r["check"]]
+    return [
+        STATS[s][0]
+        for s, x in r["stats"].items()
+        if s in STATS and x > threshold(s, r["dtype"], tol)
+    ]
+
+
+def margins(rows: list[dict], dtype: str, tol: dict | None) -> dict:
+    out = {}
+    for s in STATS:
+        xs = [r["stats"][s] for r in rows if s in r.get("stats", {})]
+        if not xs:
+            continue
+        sd = statistics.pstdev(xs)
+        t, top = threshold(s, dtype, tol), max(xs)
+        out[s] = {"max": top, "mean": statistics.fmean(xs), "sd": sd, "threshold": t,
+                  "margin_sd": round((t - top) / sd, 1) if sd > 0 else None}  # fmt: skip
+    return out
+
+
+def report(records: list[dict]) -> dict:
+    honest = [r for r in records if r["kind"] == "honest"]
+    cheats = [r for r in records if r["kind"] == "cheat"]
+    cals = {r["cond"]: r["tolerances"] for r in records if r["kind"] == "calibration"}
+    out: dict = {"honest_rollouts": {}, "honest_files": {}, "false_rejections": {},
+                 "false_rejections_at_defaults": {}, "calibrated": {}, "margins": {},
+                 "conditions": {}, "detection": {}}  # fmt: skip
+    for model in sorted({r["model"] for r in honest}):
+        mine = [r for r in honest if r["model"] == model]
+        out["honest_rollouts"][model] = sum(r["rollouts"] for r in mine)
+        out["honest_files"][model] = len(mine)
+        for name, tol_of in (("false_rejections", lambda r: cals.get(calibration_key(r))),
+                             ("false_rejections_at_defaults", lambda r: None)):  # fmt: skip
+            bad: dict[str, int] = {}
+            for r in mine:
+                for check in rejected_by(r, tol_of(r)):
+                    bad[check] = bad.get(check, 0) + 1
+            out[name][model] = bad
+        out["calibrated"][model] = {}
+        out["margins"][model] = {}
+        for dtype in sorted({r["dtype"] for r in mine}):
+            tols = [t for k, t in cals.items() if k.startswith(f"{model}-{dtype}-")]
+            # the tightest tolerance any of the conditions' validators calibrated to
+            tol = {k: min(t[k] for t in tols) for k in tols[0]} if tols else None
+            out["calibrated"][model][dtype] = tol
+            ok = [r for r in mine if r["dtype"] == dtype and not r["check"]]
+            out["margins"][model][dtype] = margins(ok, dtype, tol)
+    for cid in sorted({r["cond"] for r in honest}):
+        mine = [r for r in honest if r["cond"] == cid]
+        out["conditions"][cid] = {
+            "rollouts": sum(r["rollouts"] for r in mine),
+            "files": len(mine),
+            "false_rejections": sum(
+                bool(rejected_by(r, cals.get(calibration_key(r)))) for r in mine
+            ),
+        }
+    for r in cheats:
+        m = out["detection"].setdefault(r["model"], {})
+        name = r["behaviour"] if r["dtype"] == "bfloat16" else f"{r['behaviour']} ({r['dtype']})"
+        b = m.setdefault(name, {"files": 0, "caught": 0, "checks": {}, "ttd": []})
+        b["files"] += 1
+        b["caught"] += r["caught"]
+        b["checks"][r["check"]] = b["checks"].get(r["check"], 0) + 1
+        if r["caught"]:
+            b["ttd"].append(r["tokens_to_detect"])
+    for m in out["detection"].values():
+        for b in m.values():
+            ttd = sorted(b.pop("ttd"))
+            b["check"] = max(b["checks"], key=b["checks"].get)
+            b["tokens_to_detect"] = {"median": ttd[len(ttd) // 2], "max": ttd[-1]} if ttd else None
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = ["| model | honest rollouts | files | false rejections | at the dtype defaults |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for m, n in result["honest_rollouts"].items():
+        shown = [", ".join(f"{k} {v}" for k, v in result[name][m].items()) or "0"
+                 for name in ("false_rejections", "false_rejections_at_defaults")]  # fmt: skip
+        lines.append(f"| {m} | {n:,} | {result['honest_files'][m]:,} | {shown[0]} | {shown[1]} |")
+    lines += ["", "| model | dtype | statistic | honest max | mean | sd | threshold | margin (sd) |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for m, per in result["margins"].items():
+        for dtype, stats in per.items():
+            for s, x in stats.items():
+                lines.append(f"| {m} | {dtype} | {s} | {x['max']:.3g} | {x['mean']:.3g} | "
+                             f"{x['sd']:.2g} | {x['threshold']:g} | {x['margin_sd']} |")  # fmt: skip
+    lines += ["", "| model | behaviour | files | caught | check | tokens to detect (median / max) |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for m, per in result["detection"].items():
+        for name, b in per.items():
+            t = b["tokens_to_detect"]
+            shown = f"{t['median']} / {t['max']}" if t else "-"
+            checks = ", ".join(f"{k} {v}" for k, v in b["checks"].items())
+            lines.append(f"| {m} | {name} | {b['files']} | {b['caught']} | {checks} | {shown} |")
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: Path) -> None:
+    """Share of each behaviour's files caught against the completion tokens read."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cheats = [r for r in records if r["kind"] == "cheat" and r["behaviour"] != "honest"]
+    models = sorted({r["model"] for r in cheats})
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mine = [r for r in cheats if r["model"] == model]
+        top = max(r["file_tokens"] for r in mine)
+        budgets = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, top})
+        budgets = [b for b in budgets if b <= top]
+        for name in sorted({r["behaviour"] for r in mine}):
+            files = [r for r in mine if r["behaviour"] == name]
+            share = [sum(r["caught"] and r["tokens_to_detect"] <= b for r in files) / len(files)
+                     for b in budgets]  # fmt: skip
+            ax.step(budgets, share, where="post", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("completion tokens read (leading samples of the file)")
+        ax.set_ylabel("share of files caught")
+        ax.set_title(f"{model}: caught within a token budget")
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results")
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--plot", default=None)
+    args = ap.parse_args()
+    records = [json.loads(line) for line in Path(args.results).read_text().splitlines() if line]
+    result = report(records)
+    if args.plot:
+        plot(records, Path(args.plot))
+    print(markdown(result) if args.markdown else json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

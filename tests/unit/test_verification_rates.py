@@ -1,0 +1,91 @@
+"""bench/verification_rates.py's parts: quantised weights, calibrated tolerances, tokens
+to detect on real files and judges, and the figures it reports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.verification_cheats import OtherSampler, quantize_rtn
+from bench.verification_rates import Maker, judged, make_judge, small_run
+from bench.verification_report import report
+from swarmrl.protocol.rollouts import read_rollouts
+from swarmrl.sim.registry import make_cheat
+from swarmrl.validator.calibrate import FACTOR, FLOOR, tolerances
+
+
+def test_weights_are_rounded_to_the_integer_grid_of_each_group():
+    w = torch.randn(6, 64)
+    q = quantize_rtn(w, bits=4, group=32)
+    for row in range(6):
+        for g in range(2):
+            block, got = w[row, g * 32 : (g + 1) * 32], q[row, g * 32 : (g + 1) * 32]
+            scale = block.abs().max() / 7
+            steps = got / scale
+            assert torch.allclose(steps, steps.round(), atol=1e-4)  # on the grid
+            assert steps.abs().max() <= 8 and len(steps.round().unique()) <= 16
+            assert (got - block).abs().max() <= scale / 2 + 1e-6  # the nearest point
+    q8 = quantize_rtn(w, bits=8, group=None)  # one scale per output row
+    assert (q8 - w).abs().max(dim=1).values.le(w.abs().max(dim=1).values / 127 / 2 + 1e-6).all()
+
+
+def test_calibration_only_tightens_between_the_floor_and_the_default():
+    defaults = {"logprob": 0.1, "sampling": 1.0, "sampling_mean": 0.005}
+    stats = ("mean_logprob_error", "worst_sampling_margin", "mean_sampling_margin")
+    exact = tolerances(dict.fromkeys(stats, 0.0), "bfloat16", defaults)
+    assert exact == FLOOR["bfloat16"]
+    noisy = tolerances(dict.fromkeys(stats, 1.0), "bfloat16", defaults)
+    assert noisy == defaults
+    between = tolerances(dict(zip(stats, (1e-3, 0.05, 1e-4), strict=True)), "bfloat16", defaults)
+    assert between == pytest.approx(
+        {"logprob": FACTOR * 1e-3, "sampling": FACTOR * 0.05, "sampling_mean": FACTOR * 1e-4}
+    )
+
+
+# The bench imports its helpers as top-level modules (bench/ on its path), so the files
+# here are made through those same modules: their record of the assignments they
+# issued is the one the judge reads.
+@pytest.fixture(scope="module")
+def files(random_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rates")
+    cfg = small_run(tmp, random_model_dir)
+    return make_judge(cfg, tmp), Maker(cfg, tmp, name="worker")
+
+
+def test_tokens_to_detect_is_the_shortest_leading_run_of_samples_caught(files):
+    judge, maker = files
+    honest = judged(judge, "honest", *maker.file(), "random", "float32")
+    assert not honest["caught"] and honest["tokens_to_detect"] is None
+    key, data = maker.file(make_cheat("wrong-seed"))
+    first = len(read_rollouts(data)[0]["completion_tokens"])
+    seed = judged(judge, "wrong-seed", key, data, "random", "float32")
+    # another seed changes the first sample's tokens: its tokens alone are caught
+    assert seed["caught"] and seed["check"] == "sampling"
+    assert seed["tokens_to_detect"] == first and seed["curve"] == [[first, True]]
+    reward = judged(judge, "inflated-reward", *maker.file(make_cheat("inflated-reward")),
+                    "random", "float32")  # fmt: skip
+    assert reward["check"] == "reward" and 0 < reward["tokens_to_detect"] <= reward["file_tokens"]
+    hotter = judged(judge, "temperature-1.5", *maker.file(OtherSampler("t", temperature=1.5)),
+                    "random", "float32")  # fmt: skip
+    assert hotter["caught"] and hotter["check"] == "sampling", hotter["reason"]
+    assert hotter["curve"][-1] == [hotter["tokens_to_detect"], True]
+    assert all(not caught for _, caught in hotter["curve"][:-1])
+    result = report([honest, seed, reward, hotter])["detection"]["random"]
+    assert result["honest (float32)"]["caught"] == 0
+    assert result["wrong-seed (float32)"]["caught"] == 1
+    assert result["wrong-seed (float32)"]["tokens_to_detect"] == {"median": first, "max": first}
+
+
+def test_an_honest_file_past_a_calibrated_tolerance_counts_as_falsely_rejected():
+    base = {"kind": "honest", "model": "m", "dtype": "bfloat16", "length": "short",
+            "turns": "single", "validator_threads": 1, "cond": "c", "rollouts": 8,
+            "check": "", "stats": {"mean_logprob_error": 1e-3, "worst_sampling_margin": 0.0,
+                                   "mean_sampling_margin": 0.0}}  # fmt: skip
+    cal = {"kind": "calibration", "cond": "m-bfloat16-short-single-v1",
+           "tolerances": {"logprob": 5e-4, "sampling": 0.01, "sampling_mean": 1e-4}}  # fmt: skip
+    proof = base | {"check": "proof", "stats": {}}
+    got = report([base, proof, cal])
+    assert got["honest_rollouts"] == {"m": 16}
+    assert got["false_rejections"] == {"m": {"logprob": 1, "proof": 1}}
+    assert got["false_rejections_at_defaults"] == {"m": {"proof": 1}}  # 1e-3 < 0.1
+    assert got["margins"]["m"]["bfloat16"]["mean_logprob_error"]["threshold"] == 5e-4
