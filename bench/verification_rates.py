@@ -93,7 +93,7 @@ TRAINING = {"tiny": (2.5e-4, 2), "smollm2": (1e-5, 1)}  # configs' lr, optimizer
 def conditions(model: str) -> list[dict]:
     engines = ["hf"] + (["vllm"] if vllm_available() else [])
     out = []
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("bfloat16", "float32"):
         for engine in engines:
             for wt in (1, 2):
                 for batch in BATCHES[model]:
@@ -220,8 +220,10 @@ def honest_rates(model: str, target: int, quick: bool, shard, work: Path, log: L
         conds = [c for c in conds if c["batch"] != 1 or model == "tiny"]
         conds = conds[:: 5 if model == "tiny" else 3]
     # files per condition: batch 1 decodes a row at a time (10-30x the time of a batch),
-    # so it gets a quarter of the others' share; the total still reaches `target`
-    weight = {id(c): 0.25 if c["batch"] == 1 else 1.0 for c in conds}
+    # so it gets a quarter of the others' share (SmolLM2: a tenth); the total still
+    # reaches `target`
+    one = 0.25 if model == "tiny" else 0.1
+    weight = {id(c): one if c["batch"] == 1 else 1.0 for c in conds}
     total = sum(weight.values())
     if shard[0] == 0:
         calibrations(model, conds, work, log)

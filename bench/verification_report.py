@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from swarmrl.toploc.proof import Thresholds  # noqa: E402
+from swarmrl.validator.calibrate import tolerances  # noqa: E402
 from swarmrl.validator.loop import (  # noqa: E402
     LOGPROB_TOLERANCE,
     SAMPLING_MEAN_TOLERANCE,
@@ -78,10 +79,19 @@ def margins(rows: list[dict], dtype: str, tol: dict | None) -> dict:
     return out
 
 
+def calibrated(r: dict) -> dict:
+    """A calibration record's tolerances, by the validator's rule of today from what it
+    measured (a float32 record, which calibrates nothing, as recorded)."""
+    if not r.get("measured"):
+        return r["tolerances"]
+    defaults = {k: threshold(s, r["dtype"]) for s, k in CALIBRATED.items()}
+    return tolerances(r["measured"], r["dtype"], defaults)
+
+
 def report(records: list[dict]) -> dict:
     honest = [r for r in records if r["kind"] == "honest"]
     cheats = [r for r in records if r["kind"] == "cheat"]
-    cals = {r["cond"]: r["tolerances"] for r in records if r["kind"] == "calibration"}
+    cals = {r["cond"]: calibrated(r) for r in records if r["kind"] == "calibration"}
     out: dict = {"honest_rollouts": {}, "honest_files": {}, "false_rejections": {},
                  "false_rejections_at_defaults": {}, "calibrated": {}, "margins": {},
                  "conditions": {}, "detection": {}}  # fmt: skip

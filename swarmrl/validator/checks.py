@@ -360,7 +360,7 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
         raise Reject(
             "sampling",
             f"tokens fall {mean_margin:.2e} short of their seeded Gumbel-max choice on "
-            f"average (tolerance {ctx.sampling_mean_tolerance:.0e})",
+            f"average (tolerance {ctx.sampling_mean_tolerance:.2g})",
             sorted(range(len(rows)))[:10],
         )
     # the file's mean log-prob error: rounding outliers of single tokens average out,
@@ -372,7 +372,7 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
         raise Reject(
             "sampling",
             f"reported log-probs differ from the policy's by {mean_lp:.2e} on average "
-            f"(tolerance {ctx.logprob_tolerance:.0e})",
+            f"(tolerance {ctx.logprob_tolerance:.2g})",
             worst_samples,
         )
     return stats
