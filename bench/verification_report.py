@@ -166,8 +166,21 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+GROUPS = {
+    "another model": ("older-1", "older-2", "older-10", "base", "noise-0.001", "noise-0.01",
+                      "noise-0.05"),
+    "lower precision": ("fp8", "int8", "int4", "bf16-claims-f32"),
+    "the sampler": ("temperature-0.9", "temperature-1.1", "top-p-0.9", "greedy", "wrong-seed",
+                    "cheap-tokens"),
+    "the task": ("altered-prompt", "wrong-prompts", "truncate", "inflated-reward",
+                 "forged-logprobs", "replay", "forged-tool-result", "dropped-turn",
+                 "edited-after-tool"),
+}  # fmt: skip
+
+
 def plot(records: list[dict], path: Path) -> None:
-    """Share of each behaviour's files caught against the completion tokens read."""
+    """Share of each behaviour's files caught against the completion tokens read: a row
+    per model, a column per kind of behaviour."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,24 +188,29 @@ def plot(records: list[dict], path: Path) -> None:
 
     cheats = [r for r in records if r["kind"] == "cheat" and r["behaviour"] != "honest"]
     models = sorted({r["model"] for r in cheats})
-    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
+    fig, axes = plt.subplots(
+        len(models), len(GROUPS), figsize=(4.2 * len(GROUPS), 3.4 * len(models)), squeeze=False
+    )
+    for row, model in zip(axes, models, strict=True):
         mine = [r for r in cheats if r["model"] == model]
         top = max(r["file_tokens"] for r in mine)
-        budgets = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, top})
-        budgets = [b for b in budgets if b <= top]
-        for name in sorted({r["behaviour"] for r in mine}):
-            files = [r for r in mine if r["behaviour"] == name]
-            share = [sum(r["caught"] and r["tokens_to_detect"] <= b for r in files) / len(files)
-                     for b in budgets]  # fmt: skip
-            ax.step(budgets, share, where="post", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("completion tokens read (leading samples of the file)")
-        ax.set_ylabel("share of files caught")
-        ax.set_title(f"{model}: caught within a token budget")
-        ax.legend(fontsize=6, ncol=2)
+        budgets = sorted({2**k for k in range(top.bit_length())} | {top})
+        for ax, (group, names) in zip(row, GROUPS.items(), strict=True):
+            for name in names:
+                files = [r for r in mine if r["behaviour"] == name]
+                if not files:
+                    continue
+                share = [sum(r["caught"] and r["tokens_to_detect"] <= b for r in files)
+                         / len(files) for b in budgets]  # fmt: skip
+                ax.step(budgets, share, where="post", label=f"{name} ({len(files)})")
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_title(f"{model}: {group}", fontsize=9)
+            ax.set_xlabel("completion tokens read", fontsize=8)
+            ax.set_ylabel("share of files caught", fontsize=8)
+            ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:

@@ -43,13 +43,15 @@ log = logging.getLogger("swarmrl.validator")
 FACTOR = {"logprob": 3.0, "sampling": 10.0, "sampling_mean": 10.0}
 PER_LOGPROB = {"logprob": 3.0, "sampling": 50.0, "sampling_mean": 0.5}
 # Tolerances never go below these. Float32's are its defaults (calibration leaves them).
-# Bfloat16's: the log-prob floor is 40x the tiny model's largest honest mean error (1.2e-5
-# in 1,536 rollouts, 2026-12-01); a token's margin and the file's mean margin were 0 in
-# every honest tiny-model file, so their floors are float32's per-token tolerance and a
-# hundredth of it.
+# A validator's own samples miss what differs between machines: on the tiny model in
+# bfloat16 its calibration measured a mean log-prob error of 2e-6 to 6e-6, while honest
+# files made with another thread count and batch 1 reached 5.9e-4, a token margin of
+# 0.0074 and a mean margin of 2e-5 (bench/verification_rates.py, 2026-12-01). The
+# bfloat16 floors are 3.4x, 13x and 25x those, and still under what another temperature
+# or int8 weights give on that model (docs/verification.md).
 FLOOR = {
     "float32": {"logprob": 2e-5, "sampling": 0.01, "sampling_mean": 0.01},
-    "bfloat16": {"logprob": 5e-4, "sampling": 0.01, "sampling_mean": 1e-4},
+    "bfloat16": {"logprob": 2e-3, "sampling": 0.1, "sampling_mean": 5e-4},
 }
 SEED = 0x5EED_CA1B  # the calibration's own assignment seed: no worker is issued it
 GROUPS = 2  # groups decoded all at once; the first group's samples again one at a time

@@ -46,9 +46,9 @@ def test_calibration_only_tightens_between_the_floor_and_the_default():
         }
     )
     # margins too rare to be seen in a few samples: scaled from the log-prob error
-    rare = tolerances(dict(zip(stats, (1e-3, 0.0, 0.0), strict=True)), "bfloat16", defaults)
-    assert rare["sampling"] == pytest.approx(PER_LOGPROB["sampling"] * 1e-3)
-    assert rare["sampling_mean"] == pytest.approx(PER_LOGPROB["sampling_mean"] * 1e-3)
+    rare = tolerances(dict(zip(stats, (4e-3, 0.0, 0.0), strict=True)), "bfloat16", defaults)
+    assert rare["sampling"] == pytest.approx(PER_LOGPROB["sampling"] * 4e-3)
+    assert rare["sampling_mean"] == pytest.approx(PER_LOGPROB["sampling_mean"] * 4e-3)
 
 
 # The bench imports its helpers as top-level modules (bench/ on its path), so the files
