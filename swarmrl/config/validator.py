@@ -59,7 +59,7 @@ class ValidatorConfig(Section):
     calibrate: bool = Field(
         True,
         description="Set the three tolerances above, where not given, from this validator's "
-        "own honest samples of the first version of each dtype: 10x their largest errors, "
+        "own honest samples of the first version of each dtype: scaled from their errors, "
         "between a floor and the dtype's default (validator/calibrate.py).",
     )
     max_batch_tokens: int = Field(

@@ -45,13 +45,14 @@ PER_LOGPROB = {"logprob": 3.0, "sampling": 50.0, "sampling_mean": 0.5}
 # Tolerances never go below these. Float32's are its defaults (calibration leaves them).
 # A validator's own samples miss what differs between machines: on the tiny model in
 # bfloat16 its calibration measured a mean log-prob error of 2e-6 to 6e-6, while honest
-# files made with another thread count and batch 1 reached 5.9e-4, a token margin of
-# 0.0074 and a mean margin of 2e-5 (bench/verification_rates.py, 2026-12-01). The
-# bfloat16 floors are 3.4x, 13x and 25x those, and still under what another temperature
-# or int8 weights give on that model (docs/verification.md).
+# files made with another thread count and batch size reached 5.9e-4, a token margin of
+# 0.058 and a mean margin of 1.3e-4 (bench/verification_rates.py, 66k rollouts,
+# 2026-12-01). The bfloat16 floors are 3.4x, 5x and 7.5x those, and still under what
+# another temperature, int8 weights or the policy one version older give on that model
+# (docs/verification.md).
 FLOOR = {
     "float32": {"logprob": 2e-5, "sampling": 0.01, "sampling_mean": 0.01},
-    "bfloat16": {"logprob": 2e-3, "sampling": 0.1, "sampling_mean": 5e-4},
+    "bfloat16": {"logprob": 2e-3, "sampling": 0.3, "sampling_mean": 1e-3},
 }
 SEED = 0x5EED_CA1B  # the calibration's own assignment seed: no worker is issued it
 GROUPS = 2  # groups decoded all at once; the first group's samples again one at a time

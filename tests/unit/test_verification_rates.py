@@ -37,18 +37,18 @@ def test_calibration_only_tightens_between_the_floor_and_the_default():
     noisy = tolerances(dict.fromkeys(stats, 1.0), "bfloat16", defaults)
     assert noisy == defaults
     # each statistic's own figure, where it is the larger
-    own = tolerances(dict(zip(stats, (1e-3, 0.05, 1e-4), strict=True)), "bfloat16", defaults)
+    own = tolerances(dict(zip(stats, (1e-3, 0.05, 2e-4), strict=True)), "bfloat16", defaults)
     assert own == pytest.approx(
         {
             "logprob": FACTOR["logprob"] * 1e-3,
             "sampling": FACTOR["sampling"] * 0.05,
-            "sampling_mean": FACTOR["sampling_mean"] * 1e-4,
+            "sampling_mean": FACTOR["sampling_mean"] * 2e-4,
         }
     )
     # margins too rare to be seen in a few samples: scaled from the log-prob error
-    rare = tolerances(dict(zip(stats, (4e-3, 0.0, 0.0), strict=True)), "bfloat16", defaults)
-    assert rare["sampling"] == pytest.approx(PER_LOGPROB["sampling"] * 4e-3)
-    assert rare["sampling_mean"] == pytest.approx(PER_LOGPROB["sampling_mean"] * 4e-3)
+    rare = tolerances(dict(zip(stats, (8e-3, 0.0, 0.0), strict=True)), "bfloat16", defaults)
+    assert rare["sampling"] == pytest.approx(PER_LOGPROB["sampling"] * 8e-3)
+    assert rare["sampling_mean"] == pytest.approx(PER_LOGPROB["sampling_mean"] * 8e-3)
 
 
 # The bench imports its helpers as top-level modules (bench/ on its path), so the files
