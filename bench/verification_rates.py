@@ -83,8 +83,10 @@ SHAPES = {
 FILE_SHAPE = {"tiny": ["worker.group_size=8", "worker.groups_per_file=8"],
               "smollm2": ["worker.group_size=8", "worker.groups_per_file=4"]}  # fmt: skip
 TOOLS = ['env.kind="tools"', "env.max_turns=3"]
+# honest files are judged with the sampling check's tolerances lifted (and so nothing to
+# calibrate): each file's figures are recorded, and compared with the thresholds later
 LIFTED = ["validator.sampling_tolerance=10.0", "validator.logprob_tolerance=10.0",
-          "validator.sampling_mean_tolerance=10.0"]  # fmt: skip
+          "validator.sampling_mean_tolerance=10.0", "validator.calibrate=false"]  # fmt: skip
 BATCHES = {"tiny": (1, 8, 64), "smollm2": (1, 32)}
 VERSIONS = 12  # the claimed policy of the detection matrix: version 12 of a fine-tuning
 TRAINING = {"tiny": (2.5e-4, 2), "smollm2": (1e-5, 1)}  # configs' lr, optimizer steps

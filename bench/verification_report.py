@@ -4,11 +4,13 @@ tokens-to-detect figure for docs/verification.md.
 
 Usage: .venv/bin/python bench/verification_report.py runs/verification/rates.jsonl
        [--markdown] [--plot docs/verification-detect.png]
+(docs/verification-rates.jsonl.gz is the results file the docs' figures come from.)
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -219,7 +221,9 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--plot", default=None)
     args = ap.parse_args()
-    records = [json.loads(line) for line in Path(args.results).read_text().splitlines() if line]
+    path = Path(args.results)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    records = [json.loads(line) for line in text.splitlines() if line]
     result = report(records)
     if args.plot:
         plot(records, Path(args.plot))
