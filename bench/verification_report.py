@@ -156,7 +156,7 @@ def markdown(result: dict) -> str:
         for dtype, stats in per.items():
             for s, x in stats.items():
                 lines.append(f"| {m} | {dtype} | {s} | {x['max']:.3g} | {x['mean']:.3g} | "
-                             f"{x['sd']:.2g} | {x['threshold']:g} | {x['margin_sd']} |")  # fmt: skip
+                             f"{x['sd']:.2g} | {x['threshold']:.3g} | {x['margin_sd'] or '-'} |")  # fmt: skip
     lines += ["", "| model | behaviour | files | caught | check | tokens to detect (median / max) |",
               "|---|---|---|---|---|---|"]  # fmt: skip
     for m, per in result["detection"].items():
