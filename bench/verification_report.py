@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from swarmrl.toploc.proof import Thresholds  # noqa: E402
-from swarmrl.validator.calibrate import tolerances  # noqa: E402
+from swarmrl.validator.calibrate import STAT_OF, tolerances  # noqa: E402
 from swarmrl.validator.loop import (  # noqa: E402
     LOGPROB_TOLERANCE,
     SAMPLING_MEAN_TOLERANCE,
@@ -38,8 +38,7 @@ STATS = {
 }
 
 
-CALIBRATED = {"mean_logprob_error": "logprob", "worst_sampling_margin": "sampling",
-              "mean_sampling_margin": "sampling_mean"}  # fmt: skip
+CALIBRATED = {stat: name for name, stat in STAT_OF.items()}  # statistic -> tolerance
 
 
 def calibration_key(r: dict) -> str:
