@@ -6,6 +6,14 @@ that loads the config, imports what the command needs (torch only there, so
 `--help` stays fast) and calls into the package; what a command computes
 lives beside the code it belongs to, not here.
 
+Settings have one spelling, the run config's: `--config FILE` and dotted
+overrides (`seed=1`, `task.name=addition`). The few flags that name a run setting
+(`SETTING_FLAGS`: init-model's `--task` and `--seed`, eval's `--task` and
+`--digits`) are shorthands for its override; given both ways with different
+values, the command refuses. Flags only tests and demos use (`--cheat`,
+`--cheaters`, `--cheats`, `--fail-in-sync`) work but are left out of `--help`.
+`rl`, `eval` and `worker` are thin calls into the Python API (api.py).
+
 Errors: `main` catches one base, `UserError` (bad input or a refusal the user
 can fix), prints `swarmrl: <message>` to stderr without a traceback and exits
 with the error's `exit_code`. Two commands keep their own message: `filter`
@@ -23,7 +31,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from swarmrl import __version__
 from swarmrl.errors import EXIT_USAGE, UserError
+
+INIT_MODEL_TASKS = ("reverse_text", "addition")  # the tasks init-model warm-starts on
+# Flags that spell a run setting, per command: `--task X` is `task.name=X`.
+SETTING_FLAGS = {
+    "init-model": {"task": "task.name", "seed": "seed"},
+    "eval": {"task": "task.name", "digits": "task.digits"},
+}
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -31,28 +47,28 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=3e-4")
 
 
+def _fresh_or_resume(p: argparse.ArgumentParser, fresh: str, resume: str) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help=resume)
+    g.add_argument("--fresh", action="store_true", help=fresh)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="swarmrl", description="Decentralized asynchronous RL for language models."
     )
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("rl", help="run the whole swarm locally (trainer, relays, workers)")
     _common(p)
-    p.add_argument(
-        "--resume", action="store_true", help="continue from the newest complete version"
-    )
-    p.add_argument(
-        "--fresh", action="store_true", help="delete an existing run directory of this name first"
-    )
-    p.add_argument(
-        "--cheaters", type=int, default=0, help="add N dishonest workers (validator demo/test)"
-    )
-    p.add_argument(
-        "--cheats",
-        default=None,
-        help="comma-separated cheats given to the cheaters in turn (default: other-model, "
-        "low-precision, altered-prompt, cheap-tokens, inflated-reward)",
-    )
+    _fresh_or_resume(
+        p, fresh="delete an existing run directory of this name first",
+        resume="continue from the newest complete version",
+    )  # fmt: skip
+    # demos and tests, hidden from --help: N dishonest workers (validator demo), and the
+    # comma-separated cheats they get in turn (default: sim/registry.py's RL_CHEATS)
+    p.add_argument("--cheaters", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--cheats", default=None, help=argparse.SUPPRESS)
     p = sub.add_parser("trainer", help="run the GRPO trainer process")
     _common(p)
     p.add_argument("--resume", action="store_true")
@@ -62,25 +78,16 @@ def _parser() -> argparse.ArgumentParser:
         "--home", default="swarmrl-worker", help="this node's directory: key, weights, logs"
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument(
-        "--device",
-        default="auto",
-        help="where to generate: auto (a CUDA GPU if torch sees one, else the CPU), cpu, "
-        "cuda or cuda:N",
-    )
-    p.add_argument(
-        "--invite",
-        default=os.environ.get("SWARMRL_INVITE", ""),
-        help="an invitation from the run's operator (POST /v1/admin/invites; default "
-        "$SWARMRL_INVITE): joins without proof of work or waiting for the faucet",
-    )
-    p.add_argument("--cheat", default=None, help="run as a dishonest worker (tests and demos)")
-    p.add_argument(
-        "--backend",
-        choices=["auto", "hf", "vllm"],
-        default=None,
-        help="generation engine (default: the run's inference.backend)",
-    )
+    p.add_argument("--device", default="auto", help="where to generate: auto (a CUDA GPU if "
+                   "torch sees one, else the CPU), cpu, cuda or cuda:N")  # fmt: skip
+    p.add_argument("--invite", default=os.environ.get("SWARMRL_INVITE", ""),
+                   help="an invitation from the run's operator (POST /v1/admin/invites; default "
+                   "$SWARMRL_INVITE): joins without proof of work or waiting for the faucet",
+    )  # fmt: skip
+    # tests and demos, hidden from --help: run as a dishonest worker of this kind
+    p.add_argument("--cheat", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--backend", choices=["auto", "hf", "vllm"], default=None,
+                   help="generation engine (default: the run's inference.backend)")  # fmt: skip
     p = sub.add_parser("orchestrator", help="run the orchestrator service of a run")
     _common(p)
     p = sub.add_parser(
@@ -101,18 +108,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", required=True, help="directory the relay keeps versions in")
     p.add_argument("--port", type=int, default=0, help="port to listen on (0: any free port)")
     p.add_argument("--host", default=None, help="address to listen on (default shardcast.host)")
-    p.add_argument(
-        "--public-url",
-        default=None,
-        help="URL nodes reach this relay at, registered with the orchestrator "
-        "(default http://HOST:PORT; required with --port 0 or a wildcard host)",
-    )
-    p.add_argument(
-        "--inner",
-        action="store_true",
-        help="a relay of a tree's inner level, serving only other relays: it does not "
-        "register with the orchestrator, so workers are not sent to it",
-    )
+    p.add_argument("--public-url", default=None,
+                   help="URL nodes reach this relay at, registered with the orchestrator "
+                   "(default http://HOST:PORT; required with --port 0 or a wildcard host)",
+    )  # fmt: skip
+    p.add_argument("--inner", action="store_true",
+                   help="a relay of a tree's inner level, serving only other relays: it does not "
+                   "register with the orchestrator, so workers are not sent to it",
+    )  # fmt: skip
     p = sub.add_parser("origin", help="serve a weights directory as a SHARDCAST origin")
     _common(p)
     p.add_argument("--dir", required=True, help="weights directory (step_NNNNNN/ versions)")
@@ -125,7 +128,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-version", type=int, default=0, help="wait for at least this version")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p = sub.add_parser("init-model", help="build and warm-start the tiny built-in model")
-    p.add_argument("--task", default="reverse_text", choices=["reverse_text", "addition"])
+    p.add_argument(
+        "--task", default=None, choices=INIT_MODEL_TASKS,
+        help="the task to warm-start on: task.name=TASK (default: the config's task)",
+    )  # fmt: skip
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
         "--target", type=float, default=0.30,
@@ -142,21 +148,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "overrides", nargs="*", help="dotted overrides of that config, e.g. task.max_len=6"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="seed=N (default: the config's seed)")
     p = sub.add_parser("eval", help="greedy accuracy and mean reward on held-out problems")
     p.add_argument("--model", required=True, help="HF directory, .gguf file, or 'smollm2'")
-    p.add_argument(
-        "--task", default=None, help="task name (default: the config's task, else reverse_text)"
-    )
+    p.add_argument("--task", default=None,
+                   help="task.name=TASK (default: the config's task, else reverse_text)")  # fmt: skip
     p.add_argument("--n", type=int, default=200)
-    p.add_argument("--digits", type=int, default=None, help="addition: digits per operand")
-    p.add_argument(
-        "--target-length",
-        type=int,
-        default=0,
-        help="thinking budget T in tokens: prompts carry the budget instruction and the "
-        "report says how closely lengths follow it (max new tokens default 2T)",
-    )
+    p.add_argument("--digits", type=int, default=None, help="task.digits=D: digits per operand")
+    p.add_argument("--target-length", type=int, default=0,
+                   help="thinking budget T in tokens: prompts carry the budget instruction and "
+                   "the report says how closely lengths follow it (max new tokens default 2T)",
+    )  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
@@ -183,21 +185,18 @@ def _parser() -> argparse.ArgumentParser:
         "diloco", help="pre-train a tiny model with DiLoCo across local sites (torchft)"
     )
     _common(p)
-    p.add_argument("--fresh", action="store_true", help="replace an existing run of this name")
-    p.add_argument(
-        "--resume", action="store_true", help="each site goes on from its newest checkpoint"
-    )
+    _fresh_or_resume(
+        p, fresh="replace an existing run of this name",
+        resume="each site goes on from its newest checkpoint",
+    )  # fmt: skip
     p = sub.add_parser("diloco-site", help="run one DiLoCo site (joins through the lighthouse)")
     _common(p)
     p.add_argument("--site", type=int, required=True, help="site index (picks the data shard)")
     p.add_argument("--lighthouse", required=True, help="URL of the torchft lighthouse")
     p.add_argument("--resume", action="store_true", help="go on from this site's newest checkpoint")
-    p.add_argument(
-        "--fail-in-sync",
-        type=int,
-        default=0,
-        help="exit half-way through the all-reduce of this outer step (fault injection, tests)",
-    )
+    # fault injection for tests, hidden from --help: exit half-way through the
+    # all-reduce of this outer step
+    p.add_argument("--fail-in-sync", type=int, default=0, help=argparse.SUPPRESS)
     from swarmrl.plan import cli as plan_cli
 
     plan_cli.add_parser(sub)
@@ -207,22 +206,39 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")  # fmt: skip
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the log
+
+
+def setting_overrides(args: argparse.Namespace) -> list[str]:
+    """The command's dotted overrides with its `SETTING_FLAGS` written as overrides too;
+    a setting given both ways with different values is refused."""
+    from swarmrl.config import parse_override
+
+    out = list(args.overrides)
+    for dest, key in SETTING_FLAGS.get(args.command, {}).items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        for item in args.overrides:
+            path, given = parse_override(item)
+            if ".".join(path) == key and given != value:
+                raise UserError(f"{flag} {value} and {item} disagree: give {key} once")
+        out.append(f"{key}={json.dumps(value)}")
+    return out
 
 
 def _run_config(args: argparse.Namespace):
     from swarmrl.config import load_config
 
-    return load_config(args.config, args.overrides)
+    return load_config(args.config, setting_overrides(args))
 
 
-def _urls(csv: str) -> list[str]:
-    return [u.strip() for u in csv.split(",") if u.strip()]
+def _csv(text: str) -> list[str]:
+    """The items of a comma-separated flag (URLs, cheats)."""
+    return [u.strip() for u in text.split(",") if u.strip()]
 
 
 def _config_docs(args: argparse.Namespace) -> int:
@@ -241,31 +257,27 @@ def _init_model(args: argparse.Namespace) -> int:
         print(BAND_ARGS_ERROR)
         return EXIT_USAGE
     cfg = _run_config(args)
-    task = cfg.task.model_copy(update={"name": args.task})
+    if cfg.task.name not in INIT_MODEL_TASKS:
+        raise UserError(
+            f"init-model warm-starts on {' or '.join(INIT_MODEL_TASKS)}, not task.name = "
+            f"{cfg.task.name!r}: pass --task"
+        )
     res = init_model(
-        task, cfg.sampling, args.out, band=Band(args.target, args.tolerance),
-        max_steps=args.max_steps, lr=args.lr, seed=args.seed, threads=args.threads,
+        cfg.task, cfg.sampling, args.out, band=Band(args.target, args.tolerance),
+        max_steps=args.max_steps, lr=args.lr, seed=cfg.seed, threads=args.threads,
     )  # fmt: skip
     print(summary_line(args.out, res))
     return 0 if res.in_band else 1
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from swarmrl.apps.evaluate import default_max_new_tokens, eval_task, evaluate, text_report
-    from swarmrl.envs.environment import environment_of
+    from swarmrl import api
+    from swarmrl.apps.evaluate import text_report
 
-    run_cfg = _run_config(args)
-    task = eval_task(run_cfg.task, args.task, args.digits)
-    if args.target_length < 0:
-        print("error: --target-length must be positive", file=sys.stderr)
-        return EXIT_USAGE
-    max_new = args.max_new_tokens or default_max_new_tokens(task.name, args.target_length)
-    lr = run_cfg.length_reward
-    res = evaluate(
-        args.model, task, args.n, max_new, threads=args.threads, level=args.level,
-        target_length=args.target_length,
-        length_mode=lr.mode if lr.mode != "none" else "exact", length_coef=lr.coef,
-        env=environment_of(run_cfg),
+    res = api.evaluate(
+        args.model, args.config, setting_overrides(args), n=args.n, level=args.level,
+        target_length=args.target_length, max_new_tokens=args.max_new_tokens,
+        threads=args.threads,
     )  # fmt: skip
     print(json.dumps(res) if args.json else text_report(res))
     return 0
@@ -312,19 +324,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from swarmrl.inference.worker import NodeRefused, run_worker
+    from swarmrl import api
+    from swarmrl.inference.worker import NodeRefused
 
     _setup_logging()
-    cheat = None
-    if args.cheat:  # a dishonest worker, built on the worker's public steps
-        from swarmrl.sim.registry import make_cheat, seed_from_home
-
-        cheat = make_cheat(args.cheat, seed=seed_from_home(Path(args.home)))
     try:
-        run_worker(
-            args.orchestrator, Path(args.home), args.threads, args.backend,
-            work=cheat, after_load=cheat.after_load if cheat else None, invite=args.invite,
-            device=args.device,
+        api.join(
+            args.orchestrator, args.home, threads=args.threads, device=args.device,
+            backend=args.backend, invite=args.invite, cheat=args.cheat,
         )  # fmt: skip
     except NodeRefused as e:  # said in the worker's log, which the launcher shows
         logging.getLogger("swarmrl.worker").error("the orchestrator refuses this node: %s", e)
@@ -357,17 +364,13 @@ def _diloco_site(args: argparse.Namespace) -> int:
 
 
 def _rl(args: argparse.Namespace) -> int:
-    cfg = _run_config(args)
-    from swarmrl.launch.swarm import LaunchError, launch
+    from swarmrl import api
 
-    cheats = args.cheats.split(",") if args.cheats else None
-    if cfg.trainer.diloco.sites and not cfg.trainer.diloco.lighthouse:
-        from swarmrl.launch.diloco_rl import launch_sites
-
-        if cheats or args.cheaters:
-            raise LaunchError("--cheaters: start the sites one by one for that")
-        return launch_sites(cfg, args.config, args.overrides, args.resume, args.fresh)
-    return launch(cfg, args.config, args.overrides, args.resume, args.fresh, args.cheaters, cheats)
+    result = api.run_swarm(
+        args.config, args.overrides, fresh=args.fresh, resume=args.resume,
+        cheaters=args.cheaters, cheats=_csv(args.cheats) if args.cheats else None,
+    )  # fmt: skip
+    return result.exit_code
 
 
 def _trainer(args: argparse.Namespace) -> int:
@@ -412,16 +415,10 @@ def _relay(args: argparse.Namespace) -> int:
         public = relay_public_url(host, args.port, args.public_url)
         join_orchestrator(cfg.orchestrator.url, Path(args.dir) / "node.key", public)
     run_relay(
-        _urls(args.upstream),
-        trainer_public_key(cfg),
-        Path(args.dir),
-        host=host,
-        port=args.port,
-        keep=cfg.async_level + 1,
-        parallel=sc.parallel,
-        max_bytes_per_s=sc.max_upload_mbps * 1e6,
-        poll_wait_s=sc.poll_wait_s,
-    )
+        _csv(args.upstream), trainer_public_key(cfg), Path(args.dir), host=host,
+        port=args.port, keep=cfg.async_level + 1, parallel=sc.parallel,
+        max_bytes_per_s=sc.max_upload_mbps * 1e6, poll_wait_s=sc.poll_wait_s,
+    )  # fmt: skip
     return 0
 
 
@@ -436,7 +433,7 @@ def _fetch(args: argparse.Namespace) -> int:
     sc = cfg.shardcast
     got = asyncio.run(
         fetch_once(
-            _urls(args.servers), trainer_public_key(cfg), Path(args.dir), args.min_version,
+            _csv(args.servers), trainer_public_key(cfg), Path(args.dir), args.min_version,
             sc.parallel, args.timeout, sc.direct_io,
         )
     )  # fmt: skip
