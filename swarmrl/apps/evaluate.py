@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import time
 
-from pydantic import ValidationError
-
-from swarmrl.config import ConfigError, TaskConfig
+from swarmrl.config import TaskConfig
 
 
 def greedy_scores(
@@ -86,19 +84,6 @@ def _answered_calls(tokenizer, c) -> int:
     mask = getattr(c, "mask", None) or [1] * len(c.tokens)
     answers = [tokenizer.decode(c.tokens[a:b]) for a, b, model in spans(mask) if not model]
     return sum("error" not in x for x in answers)
-
-
-def eval_task(task_cfg: TaskConfig, name: str | None, digits: int | None) -> TaskConfig:
-    """The run's task settings with `eval`'s --task and --digits applied, re-validated."""
-    if name:
-        task_cfg = task_cfg.model_copy(update={"name": name})
-    if digits:
-        task_cfg = task_cfg.model_copy(update={"digits": digits})
-    try:
-        return type(task_cfg).model_validate(task_cfg.model_dump())
-    except ValidationError as e:  # a bad --task or --digits: name it, no traceback
-        bad = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-        raise ConfigError(f"eval: bad task settings: {bad}") from None
 
 
 def default_max_new_tokens(task_name: str, target_length: int) -> int:
