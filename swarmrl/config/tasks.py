@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from swarmrl.config.base import Section
+
+REWARD_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")  # package.module:function
 
 
 class TaskConfig(Section):
@@ -66,6 +69,29 @@ class TaskConfig(Section):
         "validator would take a difference for a cheat); empty: the orchestrator's own, "
         "written into the run config it serves. A node with another refuses to start.",
     )
+    reward: str = Field(
+        "",
+        max_length=200,
+        description="Your own reward, 'package.module:function': function(prompt, completion, "
+        "row) returns the task reward of every problem in place of the task's own verifier, "
+        "run in a checker process on workers and validators alike and probed at start "
+        "(tasks/graders/custom.py); the module must be importable there (installed, or on "
+        "PYTHONPATH). Empty: the task's own verifier.",
+    )
+    reward_fingerprint: str = Field(
+        "",
+        max_length=300,
+        description="task.reward: the function and a hash of its module's source that every "
+        "node must run; empty: the orchestrator's own, written into the run config it serves "
+        "(then the orchestrator must import it too). A node with another refuses to start.",
+    )
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_spec(cls, v: str) -> str:
+        if v and not REWARD_SPEC.fullmatch(v):
+            raise ValueError(f"task.reward {v!r} must name a function as 'package.module:function'")
+        return v
 
     @model_validator(mode="after")
     def _lengths(self) -> TaskConfig:

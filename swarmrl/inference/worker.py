@@ -71,7 +71,7 @@ from swarmrl.protocol.rollouts import write_rollouts
 from swarmrl.protocol.sampler import SamplerState
 from swarmrl.shardcast.adapter import model_dir
 from swarmrl.shardcast.source import open_weights_source
-from swarmrl.tasks.graders.registry import configure as configure_verifiers
+from swarmrl.tasks.grading import configure as configure_verifiers
 from swarmrl.tasks.sources.task_source import TaskSource
 
 log = logging.getLogger("swarmrl.worker")

@@ -80,7 +80,25 @@ def make_service(cfg: RunConfig, public_url: str) -> Service:
         svc.objects = LocalObjectStore(root, svc.secret, public_url)
     if cfg.task.name == "verifiers":
         _pin_taskset(svc)
+    if cfg.task.reward:
+        _pin_reward(svc)
     return svc
+
+
+def _pin_reward(svc: Service) -> None:
+    """The reward function every node must run: the operator's task.reward_fingerprint,
+    else this machine's, once the function is imported and probed here
+    (tasks/graders/custom.py), written into the run config the orchestrator serves."""
+    from swarmrl.tasks.graders.custom import load_reward
+    from swarmrl.tasks.sources.task_source import TaskSource
+
+    task = svc.cfg.task
+    if not task.reward_fingerprint:
+        reward = load_reward(task.reward, TaskSource(task, svc.cfg.seed))
+        reward.close()
+        task = task.model_copy(update={"reward_fingerprint": reward.fingerprint})
+        svc.cfg = svc.cfg.model_copy(update={"task": task})
+    log.info("every node grades with %s (task.reward_fingerprint)", task.reward_fingerprint)
 
 
 def _pin_taskset(svc: Service) -> None:

@@ -37,7 +37,8 @@ from swarmrl.protocol.rollouts import sha256
 from swarmrl.protocol.verdict import Verdict
 from swarmrl.shardcast.adapter import model_dir
 from swarmrl.shardcast.source import open_weights_source
-from swarmrl.tasks.graders.registry import configure as configure_verifiers
+from swarmrl.tasks.graders.custom import check_pin, reward_fingerprint
+from swarmrl.tasks.grading import configure as configure_verifiers
 from swarmrl.tasks.sources.task_source import TaskSource
 from swarmrl.toploc.proof import Thresholds
 from swarmrl.validator.calibrate import Calibration, calibrate
@@ -238,6 +239,8 @@ def run_validator(cfg: RunConfig, index: int) -> None:
 
         served = client.run_params()["config"]["task"].get("env_fingerprint", "")
         check_fingerprint(cfg.task.model_copy(update={"env_fingerprint": served}))
+    served_reward = client.run_params()["config"]["task"].get("reward_fingerprint", "")
+    check_pin(served_reward, reward_fingerprint())  # the run's own reward function, or none
     weights = open_weights_source(
         cfg, f"validator-{index}", keep=cfg.async_level + 2, client=client
     )

@@ -5,13 +5,16 @@ graded by tasks/graders/text.py. `reasoning_gym` and `verifiers` use the scorer 
 environment they come from (tasks/sources/gym.py, tasks/sources/environments.py). `math` extracts the final answer (the last \\boxed{}, else a pattern) and
 compares it symbolically with math-verify in a time-bounded process
 (tasks/graders/math.py). `code` runs the completion's program against the task's
-tests in a sandbox (tasks/graders/code.py, tasks/graders/sandbox.py).
+tests in a sandbox (tasks/graders/code.py, tasks/graders/sandbox.py). A run with
+`task.reward` grades every task with that function instead
+(tasks/graders/custom.py), in the processes that `configure` set it up in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from swarmrl.tasks.graders.custom import active_reward
 from swarmrl.tasks.graders.text import score_addition, score_reverse_text
 from swarmrl.tasks.schema import Task
 
@@ -84,27 +87,14 @@ def info_error(task: Task) -> str | None:
     return None
 
 
-def configure(cfg) -> None:
-    """Apply the run config's verifier settings in this process (a worker and a
-    validator of one run call this with the same config, so they grade alike)."""
-    from swarmrl.tasks.graders.code import configure as configure_code
-
-    configure_code(cfg.code)
-    if cfg.env.kind == "verifiers":  # scoring replays the trajectory's tool calls too
-        from swarmrl.tasks.sources.environments import (
-            TIMEOUT_S,
-            set_episode_turns,
-            set_score_timeout,
-        )
-
-        set_score_timeout(TIMEOUT_S + cfg.env.max_turns * cfg.env.tool_timeout_s)
-        set_episode_turns(cfg.env.max_turns)
-
-
 def verify(task: Task, completion: str, replies: list[str] | None = None) -> float:
     """The task's reward for `completion`; `replies`: the model's spans when the
     completion is a trajectory (`models/prompting.py: model_replies`), which the
-    `verifiers` grader plays through a taskset's own environment."""
+    `verifiers` grader plays through a taskset's own environment. With the run's own
+    reward function (`configure_reward`), its score of the completion's whole text."""
+    custom = active_reward()
+    if custom is not None:
+        return custom.score(task, completion)
     if replies is not None and task.task_type == "verifiers":
         return score_env_task(task, completion, replies)
     try:
