@@ -73,7 +73,7 @@ chromium:
 	  echo "make: no chromium could be installed; the dashboard's browser tests will be skipped"
 
 test: $(TEST_STAMP) postgres chromium
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 test-all: $(TEST_STAMP) postgres chromium
 	$(BIN)/pytest -q -m ''
