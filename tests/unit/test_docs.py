@@ -133,7 +133,7 @@ def key_problems(text: str, where: str) -> list[str]:
         path = key.split(".")
         if not (resolve(RunConfig, path)[0] or resolve(PretrainConfig, path)[0]):
             bad.append(f"{where}: `{span}`: no config key {key}")
-    return bad
+    return list(dict.fromkeys(bad))
 
 
 def as_value(text: str) -> object:
