@@ -21,6 +21,10 @@ import pytest
 from bench.benchproc import free_port, interrupt_group
 from tests.integration.conftest import ROOT, at, read_metrics, swarm_cmd, wait_for
 
+# 135 s for the module (its swarm); in the default suite: the dashboard's API on real
+# run records (tests/unit/test_dashboard_api.py) and the trackers (tests/unit/test_tracking.py)
+pytestmark = pytest.mark.slow
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # the screenshot the README shows is refreshed by SWARMRL_SCREENSHOTS=docs make test
 SHOTS = os.environ.get("SWARMRL_SCREENSHOTS", "")

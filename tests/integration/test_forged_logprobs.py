@@ -10,6 +10,8 @@ import signal
 import sqlite3
 import subprocess
 
+import pytest
+
 from swarmrl.protocol.assign import parse_rollout_key
 from tests.integration.conftest import pid_of, read_metrics, swarm_cmd, wait_for
 
@@ -40,6 +42,8 @@ def _ejected_and_logged(run) -> bool:
     )
 
 
+@pytest.mark.slow  # 226 s; in the default suite: the correction's bounds on forged log-probs
+# (tests/unit/test_correction.py) and the validator rejecting them (tests/unit/test_validator.py)
 def test_forged_logprobs_are_bounded_flagged_and_then_validated(tiny_model, tmp_path):
     # The swarm runs until the forger is ejected, then is stopped: when the forger gets
     # work depends on the machine's load (a fixed 8 or 12 steps ended, on a loaded CI

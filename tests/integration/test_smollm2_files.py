@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.rollout_files import Maker, issued, make_judge
 from swarmrl.config import load_config
 from swarmrl.sim.registry import make_cheat
@@ -28,6 +30,7 @@ def test_a_smollm2_file_passes_the_validator_and_a_low_precision_one_does_not(tm
     assert v is not None and not v.accepted and v.check == "sampling", (v.check, v.reason)
 
 
+@pytest.mark.slow  # 60 s; every `make venv` dequantises the GGUF once through the same code
 def test_the_gguf_is_dequantised_once_into_the_same_model(tmp_path, monkeypatch):
     """The first load of `smollm2` saves its dequantised weights and tokenizer in the
     cache; later loads read that directory, which holds exactly what loading the GGUF

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # 77 s; in the default suite: an honest vLLM file accepted (tests/unit/test_vllm_backend.py)
 def test_vllm_workers_train_and_their_files_pass_validation(tiny_model, tmp_path):
     """Two vLLM workers feed 8 steps: every file is judged and accepted, and each worker
     swaps the new policy versions into its running engine (one engine start each)."""

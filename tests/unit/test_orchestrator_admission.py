@@ -234,7 +234,14 @@ def _simulate(path, hoarding: str, n_hoarders: int, *settings: str) -> dict:
     return groups
 
 
-@pytest.mark.parametrize("hoarding", ["never-submit", "submit-at-deadline", "slow-claim"])
+@pytest.mark.parametrize(
+    "hoarding",
+    [  # 15 s each; one kind stays in the default suite
+        "never-submit",
+        pytest.param("submit-at-deadline", marks=pytest.mark.slow),
+        pytest.param("slow-claim", marks=pytest.mark.slow),
+    ],
+)
 def test_honest_workers_keep_most_of_the_work_among_hoarders(tmp_path, hoarding):
     """The issue's goal: among 8 hoarding keys, the 2 honest workers make at least 80%
     of the groups trained, and most of what they make alone."""

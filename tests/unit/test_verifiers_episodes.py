@@ -324,6 +324,7 @@ def test_a_forged_turn_that_quotes_the_time_limit_is_still_a_forgery(smollm2_tok
     assert got is not None and got[0] == "unverifiable", got
 
 
+@pytest.mark.slow  # 21 s
 def test_environments_that_cannot_be_replayed_are_refused_with_the_reason():
     def cfg(env, *more):
         return load_config(None, ["task.name=verifiers", f'task.env="{env}"', *more])
@@ -341,6 +342,7 @@ def test_environments_that_cannot_be_replayed_are_refused_with_the_reason():
         environment_of(cfg("swarmrl-game-env", 'env.kind="verifiers"', "env.max_turns=1"))
 
 
+@pytest.mark.slow  # 12 s; the tools' time limit stays in the default suite
 def test_an_episode_past_its_time_limit_cannot_be_settled():
     task = TaskSource(TaskConfig(name="verifiers", env="swarmrl-test-episode-slow"), 0).get(
         "train", 0

@@ -323,6 +323,7 @@ def test_what_a_tool_prints_does_not_shift_the_answers():
     env.checker.close()
 
 
+@pytest.mark.slow  # 18 s
 def test_a_trajectory_cut_where_the_validator_ran_out_of_time_is_not_a_forgery():
     """The worker's answer did not fit in the budget, so its trajectory ends at the
     call; this validator's tools ran out of time, and its short answer would fit:
