@@ -65,14 +65,15 @@ postgres:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null ) || \
 	  echo "make: no PostgreSQL server could be installed; its ledger tests will be skipped"
 
-# The dashboard's browser tests drive the Debian chromium package (Playwright, installed
-# with the dev extras, uses it as it is); skipped, saying why, where it cannot be installed.
+# The dashboard's browser tests (slow: `make test-all`) and its cost benchmark drive the
+# Debian chromium package (Playwright, installed with the dev extras, uses it as it is);
+# skipped, saying why, where it cannot be installed.
 chromium:
 	@command -v chromium >/dev/null || ( [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null ) || \
 	  echo "make: no chromium could be installed; the dashboard's browser tests will be skipped"
 
-test: $(TEST_STAMP) postgres chromium
+test: $(TEST_STAMP) postgres
 	$(BIN)/pytest -q --durations=25
 
 test-all: $(TEST_STAMP) postgres chromium
