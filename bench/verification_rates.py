@@ -28,7 +28,7 @@ older neighbours and its base exist.
 Each judged file is one JSON line appended to `--out` (under a file lock), so a long
 run can be stopped and continued, and shards (`--shard i/n`, conditions split among
 processes) can run side by side; the figures are computed from every line of the file.
-`--quick` is a small run into its own file (within 10 minutes here).
+`--quick` is a small run into its own file (8 min 51 s on the 2-core VM, idle, 2026-12-02).
 
 The engines: the worker side runs the transformers engine; vLLM's, where it is
 installed (`make vllm`), as a further condition. The validator runs its default
