@@ -45,6 +45,7 @@ from swarmrl.orchestrator import (
     relaystanding,
     work,
 )
+from swarmrl.orchestrator.apidoc import ERRORS, with_security
 from swarmrl.orchestrator.asgi import BodyLimit, Measure, Metrics
 from swarmrl.orchestrator.auth import (
     Caller,
@@ -78,19 +79,6 @@ from swarmrl.orchestrator.schemas import (
 from swarmrl.orchestrator.service import ApiError, Service
 
 log = logging.getLogger("swarmrl.orchestrator")
-
-ERRORS = {
-    400: {
-        "description": "Body not strict JSON (NaN, Infinity, a number beyond a double, a lone surrogate)"
-    },
-    401: {
-        "description": "Not authenticated: bad or missing signature, stale timestamp, reused nonce"
-    },
-    403: {"description": "Authenticated but not allowed (role, state or grant)"},
-    409: {"description": "Conflicts with the recorded state"},
-    413: {"description": "Body too large"},
-    422: {"description": "Body does not match the schema"},
-}
 
 
 def public_params(svc: Service) -> dict:
@@ -234,7 +222,7 @@ def build_app(svc: Service, sweep_every_s: float | None = None) -> FastAPI:
     app.add_middleware(
         Measure, requests=metrics.requests, latency=metrics.latency, service=metrics.service
     )
-    app.openapi = lambda: _with_security(app)
+    app.openapi = lambda: with_security(app)
     return app
 
 
@@ -461,37 +449,6 @@ def _object_routes(app: FastAPI, svc: Service, store: LocalObjectStore) -> None:
         except ObjectError as e:
             raise ApiError(e.status, e.detail) from None
         return FileResponse(path)
-
-
-SIGNED_DOC = (
-    "ed25519 signature (hex) by X-Swarm-Key over 'swarmrl-v1\\n' RUN_ID '\\n' METHOD '\\n' "
-    "PATH?QUERY '\\n' X-Swarm-Timestamp '\\n' X-Swarm-Nonce '\\n' sha256(body) (see "
-    "swarmrl/protocol/signing.py)"
-)
-
-
-def _with_security(app: FastAPI) -> dict:
-    """The generated document plus how each route authenticates."""
-    if app.openapi_schema is not None:
-        return app.openapi_schema
-    from fastapi.openapi.utils import get_openapi
-
-    doc = get_openapi(
-        title=app.title, version=app.version, description=app.description, routes=app.routes
-    )
-    doc.setdefault("components", {})["securitySchemes"] = {
-        "signed": {"type": "apiKey", "in": "header", "name": "X-Swarm-Signature", "description": SIGNED_DOC},
-        "operator": {"type": "http", "scheme": "bearer", "description": "The operator's token"},
-    }  # fmt: skip
-    for path, ops in doc["paths"].items():
-        for op in ops.values():
-            if path.startswith("/v1/admin/"):
-                op["security"] = [{"operator": []}]
-            elif path.startswith(("/v1/nodes/", "/v1/uploads", "/v1/submit", "/v1/relays/",
-                                  "/v1/validation/", "/v1/trainer/")):  # fmt: skip
-                op["security"] = [{"signed": []}]
-    app.openapi_schema = doc
-    return doc
 
 
 def openapi_spec() -> dict:
