@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.installed-dev
 TINY := models/tiny-reverse_text
 INIT_ARGS ?=  # e.g. INIT_ARGS="--threads 1 --seed 1" for the warm start
 
-.PHONY: run run-tiny test test-all lint bench venv clean postgres chromium vllm
+.PHONY: run run-tiny test test-all lint bench venv clean postgres chromium vllm netqueue
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -73,17 +73,31 @@ chromium:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null ) || \
 	  echo "make: no chromium could be installed; the dashboard's browser tests will be skipped"
 
-test: $(TEST_STAMP) postgres
+# The emulated network's delayed links (swarmrl/sim/delayline.py) hold packets in a netfilter
+# queue: iptables and libnetfilter_queue from Debian, the NetfilterQueue binding from PyPI
+# (built against the library). Where they cannot be had, the delay tests are skipped, saying
+# why, and bench/swarm_scale.py refuses to run.
+NETQUEUE_STAMP := $(VENV)/.netqueue-installed
+$(NETQUEUE_STAMP): $(STAMP)
+	@( command -v iptables >/dev/null && test -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ) || \
+	  ( [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q iptables libnetfilter-queue-dev >/dev/null ) || \
+	  echo "make: no iptables or libnetfilter-queue-dev could be installed; delayed links will be skipped"
+	@$(PIP) -q netfilterqueue && touch $@ || echo "make: NetfilterQueue did not build; delayed links will be skipped"
+
+netqueue: $(NETQUEUE_STAMP)
+
+test: $(TEST_STAMP) postgres netqueue
 	$(BIN)/pytest -q --durations=25
 
-test-all: $(TEST_STAMP) postgres chromium
+test-all: $(TEST_STAMP) postgres chromium netqueue
 	$(BIN)/pytest -q -m ''
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check swarmrl tests bench data examples
 	$(BIN)/ruff format --check swarmrl tests bench data examples
 
-bench: $(TEST_STAMP) $(TINY)/warm_start.json chromium
+bench: $(TEST_STAMP) $(TINY)/warm_start.json chromium netqueue
 	$(PIP) -q -e '.[dev,bench]'
 	$(BIN)/python bench/grpo_vs_trl.py
 	$(BIN)/python bench/shardcast.py

@@ -21,6 +21,12 @@ class LauncherConfig(Section):
         description="nice(1) increment meant for worker processes (trainer gets priority); "
         "not applied yet: every process runs at the launcher's priority.",
     )
+    trust_own_workers: bool = Field(
+        True,
+        description="List the launcher's own honest workers in orchestrator.trusted_workers "
+        "(no proof of work, probation or range shares). False: every worker joins as a "
+        "stranger would, as in an open swarm; the launcher's relays stay trusted.",
+    )
     progress_s: float = Field(1.0, gt=0.0, le=600.0, description="Progress refresh period.")
     eval_problems: int = Field(
         256,

@@ -156,8 +156,9 @@ def _orchestrator_setup(
     cfg: RunConfig, base: list[str], cfg_args: list[str], nodes: list[str], place: Placement
 ):
     """The orchestrator process, its URL, and the overrides that point every process at it.
-    The launcher's own honest `nodes` and relays get their keys here and are trusted (no
-    probation, no proof of work); its cheaters are admitted as any new key is."""
+    The launcher's own relays, and its honest `nodes` unless `launcher.trust_own_workers`
+    is off, get their keys here and are trusted (no probation, no proof of work); its
+    cheaters are admitted as any new key is."""
     from swarmrl.orchestrator.server import operator_token
     from swarmrl.protocol.identity import load_or_create_key, public_key_hex
     from swarmrl.trainer.loop import trainer_key
@@ -174,6 +175,8 @@ def _orchestrator_setup(
         own.append("orchestrator.trainer_keys=" + json.dumps([public_key_hex(trainer_key(cfg))]))
     # its dishonest workers (--cheaters) are strangers: they get nothing a new key would not
     homes = [cfg.run_dir / "nodes" / name for name in nodes if not name.startswith("cheater-")]
+    if not cfg.launcher.trust_own_workers:  # strangers all: each pays and waits as a new key
+        homes = []
     if cfg.shardcast.enabled:  # its own relays too: they pay no proof of work
         homes += [cfg.paths.relays / f"relay-{i}" for i in range(cfg.shardcast.relays)]
     trusted = [public_key_hex(load_or_create_key(h / "node.key")) for h in homes]

@@ -13,8 +13,9 @@ otherwise send workers to them too).
 The launcher itself stays in the host's namespace, joined to the bridge
 (`Network.attach_host`) to watch the run.
 
-What is emulated and what is not: see sim/netns.py (bandwidth and CPU, not
-latency). Every process still reads and writes the same disk (the run directory).
+What is emulated and what is not: see sim/netns.py (bandwidth, round trips, jitter,
+loss, CPU and address ranges). Every process still reads and writes the same disk
+(the run directory).
 """
 
 from __future__ import annotations

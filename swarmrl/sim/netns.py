@@ -15,13 +15,26 @@ What it builds (`Network`, a context manager):
   claim on a busy machine; its processes are placed there before they run;
 - if asked (`attach_host`), a leg from the host's own namespace to the bridge, with
   the subnet's last address, so that a launcher outside can watch the nodes (its
-  traffic is not shaped); it is deleted with the network, and its route with it.
+  traffic is not shaped); it is deleted with the network, and its route with it;
+- per node, if asked (`add(..., block=K)`), an address from /24 number K of the
+  subnet, so that nodes can share an address range or not, as on the internet (the
+  orchestrator's per-range shares, orchestrator/ranges.py, see them as parties);
+- per node with a round trip, jitter or loss on its link (`Link.rtt_ms`,
+  `jitter_ms`, `loss`): loss by iptables' `statistic` match in the router, each way
+  of the link, in the kernel; delay and jitter by the delay line
+  (sim/delayline.py), one process in the router's namespace that holds every
+  bridged packet in a netfilter queue until its time. This kernel's traffic control
+  has `tbf` and `htb` but neither `netem` nor `fq`, so delay has to come from user
+  space. Once one link is impaired, every node sends one segment per packet (no
+  segmentation offload), so that loss and delay act on the packets a real link
+  carries. A packet crosses its sender's `tbf`, then the loss rules and the delay
+  line, then its receiver's `tbf`.
 
-Latency is not emulated: this kernel's traffic control has `tbf` and `htb` but not
-`netem`, so links differ in bandwidth and queueing only, with the round trip of a
-bridge on one machine (tens of microseconds). What that leaves out: the round
-trips of a real internet path (10 to 300 ms), which slow TCP's ramp-up, every
-request-answer exchange and the relay tree's first bytes.
+What the emulation still leaves out: the round trip is the sum of two access links'
+(no path through a core with its own congestion and routes), the loss is random and
+independent (no bursts, no loss from a full queue but `tbf`'s own), jitter never
+reorders a pair's packets, and every packet crosses the one delay line on a shared
+CPU (its own delay under load shows in the stats it leaves).
 
 Cleanup is the harness's job, always: on leaving the `with` block, on an exception,
 on Ctrl-C (SIGINT) and on SIGTERM, it stops the processes it started (their whole
@@ -44,6 +57,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +69,7 @@ PREFIX = "srl"  # every namespace and cgroup this module makes is named PREFIX<p
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 CFS_PERIOD_US = 100_000
 STOP_GRACE_S = 5.0
+DELAYLINE_WEIGHT = 32768  # cpu.shares of the delay line: every delayed packet waits on it
 
 
 class NetworkUnavailable(RuntimeError):
@@ -63,13 +78,28 @@ class NetworkUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Link:
-    """A node's access link: Mbit/s each way (None: not shaped)."""
+    """A node's access link: Mbit/s each way (None: not shaped); its round trip to the
+    core of the internet and that round trip's jitter, in ms (the round trip between
+    two nodes is the sum of their links'); the share of packets it loses each way."""
 
     mbit: float | None = None
+    rtt_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss: float = 0.0
 
     def __post_init__(self):
         if self.mbit is not None and not 0.01 <= self.mbit <= 100_000:
             raise ValueError(f"link rate {self.mbit} Mbit/s: expected 0.01 to 100000")
+        if not 0.0 <= self.rtt_ms <= 5000.0:
+            raise ValueError(f"round trip {self.rtt_ms} ms: expected 0 to 5000")
+        if not 0.0 <= self.jitter_ms <= 1000.0:
+            raise ValueError(f"jitter {self.jitter_ms} ms: expected 0 to 1000")
+        if not 0.0 <= self.loss <= 0.5:
+            raise ValueError(f"loss {self.loss}: expected a share from 0 to 0.5")
+
+    @property
+    def delayed(self) -> bool:
+        return bool(self.rtt_ms or self.jitter_ms)
 
 
 @dataclass
@@ -114,7 +144,6 @@ def _owner(name: str) -> int | None:
         return None
     head = name[len(PREFIX) :].split("-", 1)[0]
     return int(head) if head.isdigit() else None
-    return True
 
 
 def namespaces() -> list[str]:
@@ -140,6 +169,11 @@ def sweep() -> list[str]:
         if pid is not None and not pid_alive(pid):  # a host leg (attach_host)
             _ip("link", "del", name, check=False)
             gone.append(name)
+    for scratch in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):  # delay lines' tables
+        pid = _owner(scratch.name)
+        if pid is not None and not pid_alive(pid):
+            shutil.rmtree(scratch, ignore_errors=True)
+            gone.append(str(scratch))
     if CGROUP_CPU.is_dir():
         for group in CGROUP_CPU.glob(f"{PREFIX}*"):
             pid = _owner(group.name)
@@ -191,7 +225,13 @@ class Network:
         self.nodes: dict[str, Node] = {}
         self.cgroup: Path | None = None
         self._hosts = SUBNET.hosts()
+        self._taken: set[str] = set()
         self._closed = False
+        self._delays: dict[str, list[float]] = {}  # address -> [rtt_ms, jitter_ms]
+        self._delayline: subprocess.Popen | None = None
+        self._filtering = False
+        self._scratch: Path | None = None  # the delay line's table and stats
+        self._stats: dict | None = None
         self._leg = ""
         self._old_handlers: dict[int, object] = {}
 
@@ -237,11 +277,17 @@ class Network:
                 int(p) for p in _ip("netns", "pids", node.namespace, check=False).stdout.split()
             )
             _ip("netns", "del", node.namespace, check=False)
+        if self._delayline is not None:
+            _stop(self._delayline)  # it writes its stats as it leaves
         if self._leg:  # a namespace is destroyed later, by the kernel: its links too
             _ip("link", "del", self._leg, check=False)
         _ip("netns", "del", self.router, check=False)
         if self.cgroup is not None:
             _remove_cgroup(self.cgroup)
+        if self._scratch is not None:
+            stats = self._scratch / "stats.json"
+            self._stats = json.loads(stats.read_text()) if stats.exists() else None
+            shutil.rmtree(self._scratch, ignore_errors=True)
         for sig, old in self._old_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, old)
@@ -249,7 +295,12 @@ class Network:
     # nodes
 
     def add(
-        self, name: str, link: Link = Link(), cpu: float | None = None, weight: int | None = None
+        self,
+        name: str,
+        link: Link = Link(),
+        cpu: float | None = None,
+        weight: int | None = None,
+        block: int | None = None,
     ) -> Node:
         """A node in its own namespace, on `link`, held to `cpu` of one core if given;
         `weight`: its claim on the CPU when the machine is busy (cgroup v1 `cpu.shares`,
@@ -257,7 +308,10 @@ class Network:
         real swarm (the orchestrator) is not starved by dozens of emulated workers.
         The nodes' groups share one parent, which competes with the machine's other
         processes as one process would: give every node of a run a weight or a share
-        so that all of them compete inside it, by their weights."""
+        so that all of them compete inside it, by their weights. `block`: the /24 of
+        the subnet (0 to 511) the node's address comes from, as nodes of one provider
+        or household share a range on the internet; by default the next free address.
+        A link with a round trip, jitter or loss is impaired as the module says."""
         if name in self.nodes:
             raise ValueError(f"node '{name}' exists")
         if cpu is not None and not 0.01 <= cpu <= os.cpu_count():
@@ -265,7 +319,7 @@ class Network:
         if weight is not None and not 2 <= weight <= 262144:
             raise ValueError(f"cpu weight {weight}: expected 2 to 262144 (cpu.shares)")
         index = len(self.nodes)
-        node = Node(name, f"{self.tag}-n{index}", str(next(self._hosts)), link, cpu)
+        node = Node(name, f"{self.tag}-n{index}", self._address(block), link, cpu)
         self.nodes[name] = node
         peer = f"v{index}"
         _ip("netns", "add", node.namespace)
@@ -283,7 +337,111 @@ class Network:
             _shape(self.router, peer, link.mbit)  # what it receives
         if cpu is not None or weight is not None:
             node.cgroup = self._node_cgroup(node, cpu, weight)
+        if link.delayed or link.loss:
+            self._impair(node, peer)
+        if self._filtering:
+            _one_segment(node)
         return node
+
+    def _address(self, block: int | None) -> str:
+        """The next free address, in /24 number `block` of the subnet if given."""
+        if block is None:
+            address = str(next(a for a in self._hosts if str(a) not in self._taken))
+        else:
+            blocks = SUBNET.num_addresses // 256
+            if not 0 <= block < blocks:
+                raise ValueError(f"address block {block}: expected 0 to {blocks - 1}")
+            base = SUBNET.network_address + 256 * block
+            free = [base + i for i in range(1, 254) if str(base + i) not in self._taken]
+            if not free:
+                raise ValueError(f"address block {block} is full")
+            address = str(free[0])
+        self._taken.add(address)
+        return address
+
+    def _impair(self, node: Node, port: str) -> None:
+        """Loss on `node`'s link by iptables in the router (its `statistic` match, each
+        way), delay and jitter by the delay line (sim/delayline.py), both on what the
+        bridge forwards; the first impaired link turns the bridge's filtering on."""
+        if not self._filtering:
+            self._start_filtering()
+        if node.link.loss:
+            for way in ("--physdev-in", "--physdev-out"):  # its upload, its download
+                _iptables(self.router, "-I", "FORWARD", "1", "-m", "physdev", way, port,
+                          "-m", "statistic", "--mode", "random",
+                          "--probability", f"{node.link.loss:.6f}", "-j", "DROP")  # fmt: skip
+        if node.link.delayed:
+            self._delays[node.address] = [node.link.rtt_ms, node.link.jitter_ms]
+            table = self._scratch / "delays.json"
+            table.with_suffix(".tmp").write_text(json.dumps(self._delays))
+            table.with_suffix(".tmp").replace(table)
+            self._delayline.send_signal(signal.SIGHUP)  # it reads the table again
+
+    def _start_filtering(self) -> None:
+        import importlib.util
+        import sys
+
+        if shutil.which("iptables") is None:
+            raise NetworkUnavailable("impaired links need iptables (apt-get install iptables)")
+        if importlib.util.find_spec("netfilterqueue") is None:
+            raise NetworkUnavailable(
+                "delayed links need NetfilterQueue (make netqueue: libnetfilter-queue-dev, "
+                "then pip install netfilterqueue)"
+            )
+        self._filtering = True
+        for node in self.nodes.values():
+            _one_segment(node)
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
+        (self._scratch / "delays.json").write_text("{}")
+        self.run_router(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], check=True)
+        argv = [sys.executable, "-m", "swarmrl.sim.delayline", "--queue", "0",
+                "--table", str(self._scratch / "delays.json"),
+                "--stats", str(self._scratch / "stats.json")]  # fmt: skip
+        command = ["ip", "netns", "exec", self.router, *argv]
+        if CGROUP_CPU.is_dir():  # it carries every packet: it comes first for the CPU
+            if self.cgroup is None:
+                self.cgroup = CGROUP_CPU / self.tag
+                self.cgroup.mkdir()
+            group = self.cgroup / "delayline"
+            group.mkdir()
+            (group / "cpu.shares").write_text(str(DELAYLINE_WEIGHT))
+            command = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"),
+                       *command]  # fmt: skip
+        self._delayline = subprocess.Popen(
+            command, start_new_session=True, stdout=subprocess.PIPE, text=True
+        )
+        if self._delayline.stdout.readline().strip() != "ready":
+            raise NetworkUnavailable(
+                f"the delay line did not start (exit code {self._delayline.wait()})"
+            )
+        # every bridged packet goes through it; no bypass: without it nothing crosses
+        _iptables(self.router, "-A", "FORWARD", "-m", "physdev", "--physdev-is-bridged",
+                  "-j", "NFQUEUE", "--queue-num", "0")  # fmt: skip
+
+    def run_router(self, argv: list[str], **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.router, *argv],
+                              capture_output=True, text=True, **kw)  # fmt: skip
+
+    def delay_stats(self) -> dict | None:
+        """What the delay line saw (packets, a sample of delays), once the network is
+        closed; None where no link was delayed."""
+        return self._stats
+
+    def impairment(self, node: Node) -> dict[str, float]:
+        """The round trip, jitter and loss set on `node`'s link, read back from the
+        delay line's table and the router's iptables rules."""
+        index = list(self.nodes).index(node.name)
+        rules = self.run_router(["iptables", "-w", "-S", "FORWARD"]).stdout.splitlines()
+        loss = {}
+        for rule in rules:
+            words = rule.split()
+            if "DROP" in words and f"v{index}" in words:
+                way = words[words.index(f"v{index}") - 1]
+                loss[way] = float(words[words.index("--probability") + 1])
+        rtt, jitter = self._delays.get(node.address, [0.0, 0.0])
+        return {"rtt_ms": rtt, "jitter_ms": jitter,
+                "loss_up": loss.get("--physdev-in", 0.0),
+                "loss_down": loss.get("--physdev-out", 0.0)}  # fmt: skip
 
     def _node_cgroup(self, node: Node, cpu: float | None, weight: int | None) -> Path:
         if not (CGROUP_CPU / "cpu.cfs_quota_us").exists():
@@ -343,6 +501,18 @@ class Network:
             "up": _rate(node.namespace, "eth0"),
             "down": _rate(self.router, f"v{index}"),
         }
+
+
+def _one_segment(node: Node) -> None:
+    """What `node` sends leaves as packets of one segment each (no TCP segmentation
+    offload): loss and delay then act on the packets a real link carries, not on
+    64 kB batches of them."""
+    _ip("-n", node.namespace, "link", "set", "dev", "eth0", "gso_max_segs", "1")
+
+
+def _iptables(namespace: str, *args: str) -> None:
+    subprocess.run(["ip", "netns", "exec", namespace, "iptables", "-w", *args],
+                   capture_output=True, text=True, check=True)  # fmt: skip
 
 
 def _shape(namespace: str, dev: str, mbit: float) -> None:

@@ -3,12 +3,15 @@ shaped links, with CPU shares, and nothing left behind however the harness ends.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +27,8 @@ def _left(prefix: str) -> list[str]:
     groups = [g.name for g in netns.CGROUP_CPU.glob(f"{prefix}*")]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     legs = [x for x in links.split() if x.startswith(prefix.split("-")[0] + "h")]
-    return names + groups + legs
+    scratch = [str(d) for d in Path(tempfile.gettempdir()).glob(f"{prefix}*")]
+    return names + groups + legs + scratch
 
 
 def test_nodes_talk_over_shaped_links_and_leave_nothing():
@@ -64,6 +68,86 @@ def test_nodes_talk_over_shaped_links_and_leave_nothing():
         assert f"{net.tag}/client" in out  # the client ran in its cgroup
         assert web.poll() is None
     assert web.poll() is not None  # stopped with the network
+    assert _left(net.tag) == []
+
+
+ECHO = """
+import socket, sys
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.setsockopt(socket.SOL_SOCKET, 33, 1 << 23)  # SO_RCVBUFFORCE (root)
+u.bind((sys.argv[1], 9000))
+while True:
+    data, peer = u.recvfrom(2048)
+    u.sendto(data, peer)
+"""
+
+# From the delayed node: round trips one at a time, then a burst for the loss.
+PINGS = """
+import json, socket, sys, time
+host, pings, burst = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.setsockopt(socket.SOL_SOCKET, 33, 1 << 23)  # SO_RCVBUFFORCE: the echoes wait
+u.settimeout(1.0)
+rtts = []
+for i in range(pings):
+    t0 = time.monotonic()
+    u.sendto(i.to_bytes(4, "big"), (host, 9000))
+    try:
+        while int.from_bytes(u.recvfrom(64)[0], "big") != i:
+            pass
+        rtts.append((time.monotonic() - t0) * 1000.0)
+    except socket.timeout:
+        pass
+got = set()
+for i in range(1000, 1000 + burst):
+    u.sendto(i.to_bytes(4, "big"), (host, 9000))
+    time.sleep(0.0005)
+u.settimeout(1.5)
+try:
+    while True:
+        got.add(int.from_bytes(u.recvfrom(64)[0], "big"))
+except socket.timeout:
+    pass
+print(json.dumps({"rtts": rtts, "echoed": len([g for g in got if g >= 1000])}))
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("netfilterqueue") is None, reason="NetfilterQueue: make netqueue"
+)
+def test_a_link_delays_jitters_and_loses_what_it_was_set_to():
+    """Round trips (the sum of both links', with the jitter's spread) and loss each way
+    as set, measured by a packet's own round trip; without its delay line the network
+    carries nothing (no quiet fallback to an undelayed bridge)."""
+    import json
+
+    net = netns.Network("t4")
+    with net:
+        server = net.add("server", netns.Link(100, rtt_ms=20.0))
+        client = net.add("client", netns.Link(10, rtt_ms=60.0, jitter_ms=10.0, loss=0.05),
+                         block=40)  # fmt: skip
+        assert client.address == "198.18.40.1" and server.address == "198.18.0.1"
+        assert net.impairment(client) == pytest.approx(
+            {"rtt_ms": 60.0, "jitter_ms": 10.0, "loss_up": 0.05, "loss_down": 0.05}
+        )
+        net.start(server, [sys.executable, "-c", ECHO, server.address])
+        time.sleep(0.5)
+        out = net.run(client, [sys.executable, "-c", PINGS, server.address, "30", "2000"],
+                      capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+        seen = json.loads(out)
+        rtts = sorted(seen["rtts"])
+        assert len(rtts) >= 20
+        assert 72.0 <= rtts[len(rtts) // 2] <= 90.0  # 20 + 60 ms, the jitter around it
+        assert rtts[-1] - rtts[0] >= 5.0  # jitter: not one fixed delay
+        # 2000 echoes cross the client's link twice at 5% each: 9.75% lost, sd 0.66%
+        lost = 1.0 - seen["echoed"] / 2000
+        assert 0.07 <= lost <= 0.125, lost
+        net._delayline.kill()
+        net._delayline.wait()
+        quiet = net.run(client, [sys.executable, "-c", PINGS, server.address, "2", "10"],
+                        capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+        assert json.loads(quiet) == {"rtts": [], "echoed": 0}
+    assert net.delay_stats() is None or net.delay_stats()["packets"] > 0
     assert _left(net.tag) == []
 
 
