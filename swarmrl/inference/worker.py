@@ -37,6 +37,7 @@ them; this module imports nothing from `sim/`.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -234,6 +235,19 @@ class WorkerNode:
     beat: Heartbeat | None = None
     invite: str = ""  # the operator's invitation, if this node has one
     pacer: AskPacer | None = None  # when to ask for work again (made by `enlist`)
+    files_log: Path | None = None  # a JSON line per file made, then one with its fate
+
+    def record(self, a: Assignment, event: str, **fields) -> None:
+        """A line of `files_log` (`<home>/files.jsonl`): `made` when a file's bytes are
+        written, then `submitted`, `refused` (the orchestrator's status and reason) or
+        `failed` (anything else, the worker then exits). A `made` line with no fate
+        after it is a file the worker died holding."""
+        if self.files_log is None:
+            return
+        line = {"event": event, "time": round(time.time(), 3), "step": a.step,
+                "policy": a.policy_step, "counter": a.counter, **fields}  # fmt: skip
+        with open(self.files_log, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     def follow_weights(self) -> bool:
         """Load the newest complete policy version unless it is loaded; False (after a
@@ -330,12 +344,18 @@ class WorkerNode:
         t0 = time.time()
         rows = self.work.rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node)
         data = write_rollouts(rows)
+        self.record(a, "made", size=len(data))
         try:
             key = upload_waiting(lambda: self.work.upload(self.client, a, data))
         except OrchestratorError as e:
             log.warning("upload refused: %s", e)
+            self.record(a, "refused", status=e.status, reason=e.detail[:200])
             _refused(e)
             return
+        except BaseException as e:
+            self.record(a, "failed", error=repr(e)[:200])
+            raise
+        self.record(a, "submitted", key=key)
         n_tok = sum(len(r["completion_tokens"]) for r in rows)
         mean_r = sum(r["reward"] for r in rows) / len(rows)
         dt = time.time() - t0
@@ -390,6 +410,7 @@ def join_run(
     return WorkerNode(
         cfg=cfg, client=client, params=params, node=node, weights=weights, source=source,
         backend=backend, threads=threads, device=where, work=work, after_load=after_load,
+        files_log=home / "files.jsonl",
     )  # fmt: skip
 
 

@@ -23,6 +23,12 @@ by that one thing:
   down-weighting of mastered problems) instead of the issued sampler state;
 - replay: after one honest file, submits that file again, relabelled, as the
   work of every later assignment;
+- copier: submits the newest file of another node (read from the run's object
+  store on the emulated swarm's shared disk), relabelled with its own assignment;
+- stale-policy: generates with the version before the newest it holds, claiming
+  the newest;
+- weight-noise: the policy moved by 0.1% of each tensor's std (other-model's
+  quiet end);
 - forged-tool-result, dropped-turn, edited-after-tool, loose-tool-limits: the
   cheats of multi-turn runs (sim/tool_cheats.py).
 
@@ -37,6 +43,8 @@ itself knows nothing of cheats.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -111,6 +119,71 @@ class OtherModel(Cheat):
 
     def after_load(self, backend) -> None:
         perturb(backend.model, self.scale, self.seed)
+
+
+class WeightNoise(OtherModel):
+    """The policy moved by 0.1% of each tensor's std: the quiet end of other-model."""
+
+    name = "weight-noise"
+
+    def __init__(self, seed: int = 0):
+        super().__init__(seed, scale=0.001)
+
+
+class StalePolicy(Cheat):
+    """Generates with the version before the newest it holds, and claims the newest:
+    it saves nothing here, but a node that did so for real would skip every download
+    and understate its staleness. Honest until it has held two versions."""
+
+    name = "stale-policy"
+
+    def __init__(self):
+        self.previous: dict | None = None
+
+    def after_load(self, backend) -> None:
+        model = backend.model
+        newest = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if self.previous is not None:
+            with torch.no_grad():
+                model.load_state_dict(self.previous)
+        self.previous = newest
+
+
+class Copier(Cheat):
+    """Passes off another node's file as its own: it uploads the newest rollout file
+    in the run's object store (`cfg.paths.store`: an emulated swarm's shared disk,
+    standing for a leaked or colluding node's files) that is not its own, relabelled
+    with its own node, step and policy. It makes each file honestly first, so that
+    it takes the same time per file and has something to send when there is nothing
+    to copy."""
+
+    name = "copier"
+
+    def __init__(self):
+        self.store: Path | None = None
+
+    def rows(self, cfg, tokenizer, source, backend, a, node) -> list[dict]:
+        self.store = cfg.paths.store
+        return super().rows(cfg, tokenizer, source, backend, a, node)
+
+    def upload(self, client, a, data):
+        mine = read_rollouts(data)[0]["node"]
+        theirs = self.newest_other(mine)
+        if theirs is not None:
+            relabel = {"node": mine, "step": a.step, "policy_step": a.policy_step}
+            data = write_rollouts([r | relabel for r in read_rollouts(theirs)])
+        return worker.upload_file(client, a, data)
+
+    def newest_other(self, mine: str) -> bytes | None:
+        if self.store is None or not (self.store / "rollouts").is_dir():
+            return None
+        files = [p for p in (self.store / "rollouts").rglob("*.parquet") if mine not in p.name]
+        for path in sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)[:5]:
+            try:
+                return path.read_bytes()
+            except OSError:  # recovered: deleted since it was listed; the next one
+                continue
+        return None
 
 
 # the next precision down from the policy's: a run published in bfloat16 is cheated in fp8

@@ -10,14 +10,17 @@ from swarmrl.sim.cheats import (
     AlteredPrompt,
     CheapTokens,
     Cheat,
+    Copier,
     EasyLevel,
     ForgedLogprobs,
     InflatedReward,
     LowPrecision,
     OtherModel,
     Replay,
+    StalePolicy,
     Truncate,
     WrongPrompts,
+    WeightNoise,
     WrongSeed,
 )
 from swarmrl.sim.tool_cheats import TOOL_CHEATS
@@ -36,13 +39,20 @@ CHEATS = {
         WrongPrompts,
         EasyLevel,
         Replay,
+        Copier,
+        StalePolicy,
+        WeightNoise,
         *TOOL_CHEATS,
     )
 }
 RL_CHEATS = ["other-model", "low-precision", "altered-prompt", "cheap-tokens", "inflated-reward"]
 # cheats of a run's environment: in a run without [env] they are honest workers
 MULTI_TURN_CHEATS = [c.name for c in TOOL_CHEATS]
-SINGLE_TURN_CHEATS = [name for name in CHEATS if name not in MULTI_TURN_CHEATS]
+# cheats not every file of which can be told from honest work: the validator's limits
+# (docs/verification.md) or nothing to copy yet; bench/swarm_scale.py counts what of
+# theirs was trained
+QUIET_CHEATS = ["stale-policy", "weight-noise", "copier"]
+SINGLE_TURN_CHEATS = [n for n in CHEATS if n not in MULTI_TURN_CHEATS + QUIET_CHEATS]
 
 
 def seed_from_home(home: Path) -> int:
@@ -54,4 +64,4 @@ def make_cheat(name: str, seed: int = 0) -> Cheat:
     if name not in CHEATS:
         raise ValueError(f"unknown cheat '{name}'; known: {', '.join(CHEATS)}")
     cls = CHEATS[name]
-    return cls(seed=seed) if name in ("other-model", "cheap-tokens") else cls()
+    return cls(seed=seed) if name in ("other-model", "cheap-tokens", "weight-noise") else cls()
