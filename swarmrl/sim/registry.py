@@ -19,8 +19,8 @@ from swarmrl.sim.cheats import (
     Replay,
     StalePolicy,
     Truncate,
-    WrongPrompts,
     WeightNoise,
+    WrongPrompts,
     WrongSeed,
 )
 from swarmrl.sim.tool_cheats import TOOL_CHEATS
