@@ -1,12 +1,27 @@
-"""A swarm of dozens of nodes on shaped links, with churn and cheaters, measured end
-to end (issue 36).
+"""An open swarm of dozens of nodes on a real-shaped network, with faults and quiet
+cheaters, measured end to end (issues 36 and 50).
 
 The run is `swarmrl rl` on the tiny model (configs/tiny.toml), placed on an emulated
 network (sim/netns.py, sim/emulated.py): every process in a namespace of its own, on
-a link shaped with `tbf`, workers held to a share of a core, every node with a CPU
-weight (`WEIGHTS`). The relays form a tree of `--levels` levels. Everything that
-happens to the swarm is triggered by the trainer's step, never by the clock, so that
-the same events fall at the same point of the run on any machine:
+a link shaped with `tbf`, with a round trip, jitter and loss (sim/delayline.py and
+iptables), workers held to a share of a core, every node with a CPU weight
+(`WEIGHTS`). The relays form a tree of `--levels` levels.
+
+It is an open swarm: no worker key is trusted (`launcher.trust_own_workers=false`):
+each honest worker, as each cheater, pays the proof of work, passes probation and
+earns its share as a new key would; only the operator's relays stay trusted (the
+launcher's, as an operator's own servers). The workers' addresses spread over
+`WORKER_BLOCKS` /24 ranges, several honest nodes to some, the cheaters inside ranges
+that honest nodes hold; the orchestrator, trainer, relays and validators each sit in
+a range of their own. Nothing in the run is told which node is honest.
+
+Links (`--clean-links` turns round trips, jitter and loss off): each worker's
+bandwidth, round trip and loss come from `LINKS`, `RTTS` and `LOSSES` in turn (jitter
+a tenth of the round trip); the servers sit on `SERVER_PATH`. The round trip between
+two nodes is the sum of their links'.
+
+Everything that happens to the swarm is triggered by the trainer's step, never by the
+clock, so that the same events fall at the same point of the run on any machine:
 
 - `--late` workers wait for a flag file that is created at step 2 (they join late);
 - at step 3, `--churn` of the workers are killed outright (every process in their
@@ -15,32 +30,52 @@ the same events fall at the same point of the run on any machine:
   at once (during that version's broadcast); it is restarted too;
 - at step 5 the first validator is killed; at step 6 the orchestrator (SIGKILL),
   which the launcher restarts on its port, from its database;
-- `--cheaters` dishonest workers of different kinds run from the start, admitted
-  as strangers (probation, proof of work).
+- `--cheaters` dishonest workers (`--cheats`, in turn: the blatant kinds and the
+  quiet ones, sim/registry.py's QUIET_CHEATS) run from the start.
 
 The figures come from what the run leaves: metrics.jsonl (steps, the trainer's time
-in updates), the orchestrator's database (each file's fate, staleness), the workers'
-logs (the files they submitted), the SHARDCAST clients' logs (weights lag per tree
-level, bytes), the orchestrator's Prometheus histogram (request latency, scraped
-every step and across its restart), the validators' backlog (pending files, scraped
-every step), /proc (CPU seconds by role, sampled every 2 s) and eval.json (held-out
+in updates), the orchestrator's database (each file's fate, staleness, each node's
+address range), each worker's own record of the files it made (`files.jsonl`, read
+by bench/swarm_fates.py), the SHARDCAST clients' logs (weights lag per tree level,
+bytes), the orchestrator's Prometheus histograms (scraped every step and across its
+restart), the orchestrator's own command line (the keys it trusts), the validators'
+backlog, /proc (CPU seconds by role, sampled every 2 s), the delay line's record of
+what it held (its packets and a sample of their delays) and eval.json (held-out
 accuracy, greedy, before and after). The run directory also gets timeline.json and
 timeline.png (nodes up, steps, weights lag per level, files by fate).
 
 Definitions:
-- `files.lost`: honest files a worker says it submitted (its log), or that the
-  ledger holds past their upload, whose fate the ledger does not give (trained,
-  stale, rejected, voided, or still queued when the run ended: `unused_at_end`);
+- `trusted_workers`: worker and cheater keys in the orchestrator's
+  `trusted_workers`, read from its command line while it ran;
+- `address_ranges`: the distinct address ranges (orchestrator/ranges.py) the
+  orchestrator recorded for the workers and cheaters that registered;
+- `links`: per worker link class, the round trip, jitter and loss read back from
+  the delay line's table and the router's iptables rules;
+- `files`: the ledger's count by fate of every file (honest or not); `files.lost`:
+  honest files a worker made whose fate neither side can give: submitted by its
+  own record but missing or unsettled on the ledger, or made and never sent by a
+  worker nothing killed (bench/swarm_fates.py, `waste`);
+- `open_swarm.wasted`: honest files made and not trained, by why (stale, refused
+  at upload, refused blamelessly, voided, held by a worker churn killed, failed,
+  still queued at the end), and `wasted_fraction` over the honest files made;
+  `by_link_class`: files made and trained per worker-core-second (each worker's
+  CPU share times its time from start to the run's end), and the share wasted;
+- `first_accepted_file_s`: per honest worker, seconds from its process's start to
+  the submission of its first file past the validator (a verdict accepted it, or the
+  trainer took it unchecked), p50, p99 and max; it may have gone stale after;
+  `first_trained_file_s` the same to its first file trained;
+- `cheater_files_trained`: per cheat kind, the cheaters' files the trainer used;
 - `files.dropped_no_signal`: groups (not files) the trainer read and dropped for
   lack of signal (metrics' `dropped_groups`);
 - `trainer_busy_fraction`: the trainer's update time over the wall time from its
   first step to its last;
 - `weights_lag_s`: per level (1 and on: relays; "nodes": workers and validators),
   p50 and p99 of the seconds from a version's publication to a node holding it;
-- `orchestrator_p99_ms`: the orchestrator's service time (from a request being whole
-  to its answer, `swarmrl_service_seconds`), read off the histogram's buckets, linear
-  within one; `orchestrator_request_p99_ms` adds the wait for each request's body
-  over its client's link (`swarmrl_request_seconds`, from its headers on).
+- `orchestrator_service_p99_ms`: the orchestrator's service time (from a request
+  being whole to its answer, `swarmrl_service_seconds`), read off the histogram's
+  buckets, linear within one; `orchestrator_request_p99_ms` adds the wait for each
+  request's body over its client's link (`swarmrl_request_seconds`, from its
+  headers on).
 
 With `--costs F` (from `swarmrl plan --calibrate --save-costs F`) the JSON also holds
 the planner's prediction of this run (`plan`). Needs root and network namespaces:
@@ -65,13 +100,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import swarm_records as records  # noqa: E402  (bench/, beside this file)
+import swarm_fates  # noqa: E402  (bench/, beside this file)
+import swarm_records as records  # noqa: E402
+from swarm_layout import CHEATS, LINKS, blocks, delay_summary, launch_cheats, link_classes, paths  # noqa: E402
 
 from swarmrl.sim import netns  # noqa: E402
 
+PARTITION_STEP = 8
 REQUEST = "swarmrl_request_seconds"  # from a request's headers, body wait included
-CHEATS = ["inflated-reward", "wrong-seed", "forged-logprobs", "other-model", "truncate"]
-LINKS = (10, 50, 100)  # Mbit/s, the workers' in turn
 # cpu.shares by role: every node competes inside the run's cgroup. The orchestrator,
 # the relays, the validators and the trainer have machines (GPUs) of their own in a
 # real swarm and do not slow down as workers join: here they come first when they
@@ -85,11 +121,26 @@ def _args() -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=32)
     p.add_argument("--late", type=int, default=4, help="of the workers, joining at step 2")
     p.add_argument("--churn", type=float, default=0.2, help="fraction of workers killed")
+    p.add_argument(
+        "--partition",
+        type=float,
+        default=30.0,
+        help=f"seconds a quarter of the workers are cut off, from step {PARTITION_STEP}",
+    )
     p.add_argument("--relays", type=int, default=3)
     p.add_argument("--levels", type=int, default=2)
     p.add_argument("--validators", type=int, default=2)
-    p.add_argument("--cheaters", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--cheaters", type=int, default=6)
+    p.add_argument("--cheats", default=",".join(CHEATS), help="kinds, given to cheaters in turn")
+    p.add_argument(
+        "--trust-workers",
+        action="store_true",
+        help="trust the launcher's honest workers (the closed swarm of issue 36)",
+    )
+    p.add_argument("--clean-links", action="store_true",
+                   help="bandwidth only: no round trips, jitter or loss")  # fmt: skip
+    # 40 steps: the run within 15 minutes here (60 took 1,012 s with the delayed links)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--groups-per-file", type=int, default=2)
     p.add_argument(
         "--batches-out",
@@ -126,6 +177,7 @@ class Chaos(threading.Thread):
         self.cpu: dict[tuple[str, int], float] = {}  # (node, pid) -> CPU seconds, last seen
         self.cpu_series: list[dict] = []  # every 2 s: time, step, node -> CPU s so far
         self.stop = threading.Event()
+        self.trusted: set[str] = set()  # keys in the orchestrator's trusted_workers, as run
 
     def step(self) -> int:
         p = self.run_dir / "metrics.jsonl"
@@ -147,6 +199,9 @@ class Chaos(threading.Thread):
         done: set[str] = set()
         workers = [f"worker-{i}" for i in range(a.workers - a.late)]
         churn = workers[: max(1, math.ceil(a.churn * a.workers))]  # at least that share
+        # a quarter of the workers, of every link class, none of them churned
+        spared = [f"worker-{i}" for i in range(a.workers) if f"worker-{i}" not in churn]
+        cut = spared[::3][: math.ceil(a.workers / 4)]
         seen, counted = -1, 0.0
         while not self.stop.wait(0.2):
             if time.time() - counted >= 2.0:
@@ -178,6 +233,15 @@ class Chaos(threading.Thread):
                 self.scrape()
                 self.kill("orchestrator", "orchestrator SIGKILL")
                 done.add("orchestrator")
+            if step >= PARTITION_STEP and "partition" not in done and a.partition > 0:
+                self.net.cut(cut)
+                cut_at = time.time()
+                self.events.append({"step": step, "cut": cut, "time": cut_at})
+                done.add("partition")
+            if "partition" in done and "healed" not in done and time.time() - cut_at >= a.partition:
+                self.net.heal(cut)
+                self.events.append({"step": step, "healed": len(cut), "time": time.time()})
+                done.add("healed")
 
     def count_up(self, now: float) -> None:
         """Nodes with a process running in their namespace (the timeline's nodes up)."""
@@ -201,8 +265,25 @@ class Chaos(threading.Thread):
             by_node[name] = round(by_node.get(name, 0.0) + used, 2)
         self.cpu_series.append({"time": now, "step": self.step(), "cpu_s": by_node})
 
+    def read_trusted(self) -> None:
+        """The keys the running orchestrator was told to trust (its command line)."""
+        node = self.net.nodes.get("orchestrator")
+        pids = (
+            netns._ip("netns", "pids", node.namespace, check=False).stdout.split() if node else []
+        )
+        for pid in pids:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            for arg in argv:
+                if arg.startswith("orchestrator.trusted_workers="):
+                    self.trusted |= set(json.loads(arg.split("=", 1)[1]))
+
     def scrape(self) -> None:
         import httpx
+
+        self.read_trusted()
 
         try:
             text = httpx.get(self.url[0] + "/metrics", timeout=5).text
@@ -273,7 +354,6 @@ def setup(a: argparse.Namespace, tiny: Path):
         "name=swarm", f"seed={a.seed}", f"trainer.steps={a.steps}",
         f"launcher.workers={honest}", f"shardcast.relays={a.relays}",
         f"validator.count={a.validators}", "validator.enabled=true",
-        "orchestrator.range_share=1",  # all nodes share one emulated /15; ranges: test_orchestrator_ranges.py
         "launcher.max_worker_restarts=10",
         # the proof of work costs 2 s of one of the orchestrator's cores by default: a
         # node here has a quarter of a core (--worker-cpu), less while 35 processes load
@@ -283,6 +363,8 @@ def setup(a: argparse.Namespace, tiny: Path):
         # many slow workers: small files, and as much work out as async_level allows
         f"worker.groups_per_file={a.groups_per_file}",
     ]  # fmt: skip
+    if not a.trust_workers:
+        overrides.append("launcher.trust_own_workers=false")
     batch = load_config(config, overrides).trainer.batch_groups
     overrides.append(f"worker.max_pending_groups={a.batches_out * batch}")
     cfg = load_config(config, overrides)
@@ -298,7 +380,7 @@ def setup(a: argparse.Namespace, tiny: Path):
     links |= {"relay": 1000, "trainer": 100, "orchestrator": 1000, "validator": 100}
     layout = Layout(links=links, cpus={"worker": a.worker_cpu, "cheater": a.worker_cpu},
                     weights=WEIGHTS, fanout=max(1, a.relays // (2 ** (a.levels - 1))),
-                    levels=a.levels)  # fmt: skip
+                    levels=a.levels, paths=paths(a), blocks=blocks(a))  # fmt: skip
     return config, overrides, cfg, layout
 
 
@@ -357,10 +439,12 @@ def main() -> int:
         chaos.start()
         try:
             code = launch(cfg, config, overrides, resume=False, fresh=True, cheaters=a.cheaters,
-                          cheats=CHEATS[: a.cheaters], place=place)  # fmt: skip
+                          cheats=a.cheats.split(","), place=place)  # fmt: skip
         finally:
             chaos.stop.set()
             chaos.join(10)
+            ended = time.time()
+            links_set = {n: net.impairment(node) for n, node in net.nodes.items()}
     wall = time.monotonic() - t0
     run = cfg.run_dir
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
@@ -373,6 +457,14 @@ def main() -> int:
     evals = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {}
     busy = sum(m.get("train_s", 0.0) for m in metrics[1:])
     span = metrics[-1]["elapsed_s"] - metrics[0]["elapsed_s"] if len(metrics) > 1 else 0.0
+    kinds = dict(zip([f"cheater-{j}" for j in range(a.cheaters)],
+                     launch_cheats(a), strict=True))  # fmt: skip
+    killed = {e["kill"] for e in chaos.events if e.get("why") == "churn"}
+    classes = {n: f"{mbit:g} Mbit/s" for n, mbit in layout.links.items() if n.startswith("worker-")}
+    cores = {n: a.worker_cpu for n in names.values()}
+    opened = swarm_fates.fates(run, names, killed, classes, cores, ended, kinds)
+    nets = dict(db.execute("SELECT key, net FROM nodes WHERE role = 'worker'").fetchall())
+    blamed = db.execute("SELECT node, check_name FROM files WHERE state = 'rejected'").fetchall()
     out = {
         "exit_code": code,
         "seed": a.seed,
@@ -384,11 +476,26 @@ def main() -> int:
         "churn_events": len([e for e in chaos.events if "kill" in e]),
         "events": chaos.events,
         "link_mbit": sorted(set(layout.links.values())),
+        "trusted_workers": sum(k in chaos.trusted for k in names),
+        "address_ranges": len(set(nets.values())),
+        "links": link_classes(links_set, layout),
+        "delay_line": delay_summary(chaos.net.delay_stats()),
         "steps": len(metrics),
         "trainer_busy_fraction": round(busy / span, 3) if span else None,
         "files": files,
-        "honest_files_rejected": honest_states["rejected"],
+        "honest_files_rejected": sum(
+            names.get(n, "").startswith("worker-") and not swarm_fates.blameless(c)
+            for n, c in blamed
+        ),
+        "honest_files_refused_blamelessly": sum(
+            names.get(n, "").startswith("worker-") and swarm_fates.blameless(c) for n, c in blamed
+        ),
         "cheaters": a.cheaters,
+        "cheater_files_trained": {k: v["trained"] for k, v in opened["cheater_files"].items()},
+        "honest_workers_without_accepted_file": len(opened["honest_workers_without_accepted_file"]),
+        "honest_workers_without_trained_file": len(opened["honest_workers_without_trained_file"]),
+        "first_accepted_file_s": opened["first_accepted_file_s"],
+        "open_swarm": opened,
         "cheaters_ejected": sum(ledger.get(k) in ("ejected", "banned") for k in cheater_keys),
         # a cheater that never got work (a slow link: its policy always a step behind,
         # orchestrator.work_slack_steps) made nothing to judge, and gained nothing
@@ -399,8 +506,8 @@ def main() -> int:
         "weights_lag_s": lags,
         "origin_bytes_out": int(origin_mb * 1e6),
         "bytes_delivered": int(delivered_mb * 1e6),
-        "orchestrator_p99_ms": records.p99_ms(chaos.scrapes),
-        "orchestrator_p99_ms_by_route": records.routes(chaos.scrapes),
+        "orchestrator_service_p99_ms": records.p99_ms(chaos.scrapes),
+        "orchestrator_service_p99_ms_by_route": records.routes(chaos.scrapes),
         "orchestrator_request_p99_ms": records.p99_ms(chaos.scrapes, REQUEST),
         "orchestrator_request_p99_ms_by_route": records.routes(chaos.scrapes, REQUEST),
         "validator_backlog_max": records.backlog(chaos.scrapes),

@@ -237,15 +237,16 @@ class WorkerNode:
     pacer: AskPacer | None = None  # when to ask for work again (made by `enlist`)
     files_log: Path | None = None  # a JSON line per file made, then one with its fate
 
-    def record(self, a: Assignment, event: str, **fields) -> None:
-        """A line of `files_log` (`<home>/files.jsonl`): `made` when a file's bytes are
-        written, then `submitted`, `refused` (the orchestrator's status and reason) or
-        `failed` (anything else, the worker then exits). A `made` line with no fate
-        after it is a file the worker died holding."""
+    def record(self, event: str, a: Assignment | None = None, **fields) -> None:
+        """A line of `files_log` (`<home>/files.jsonl`): `start` when the process starts,
+        `made` when a file's bytes are written, then `submitted`, `refused` (the
+        orchestrator's status and reason) or `failed` (anything else, the worker then
+        exits). A `made` line with no fate after it is a file the worker died holding."""
         if self.files_log is None:
             return
-        line = {"event": event, "time": round(time.time(), 3), "step": a.step,
-                "policy": a.policy_step, "counter": a.counter, **fields}  # fmt: skip
+        line = {"event": event, "time": round(time.time(), 3), **fields}
+        if a is not None:
+            line |= {"step": a.step, "policy": a.policy_step, "counter": a.counter}
         with open(self.files_log, "a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -344,18 +345,18 @@ class WorkerNode:
         t0 = time.time()
         rows = self.work.rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node)
         data = write_rollouts(rows)
-        self.record(a, "made", size=len(data))
+        self.record("made", a, size=len(data))
         try:
             key = upload_waiting(lambda: self.work.upload(self.client, a, data))
         except OrchestratorError as e:
             log.warning("upload refused: %s", e)
-            self.record(a, "refused", status=e.status, reason=e.detail[:200])
+            self.record("refused", a, status=e.status, reason=e.detail[:200])
             _refused(e)
             return
         except BaseException as e:
-            self.record(a, "failed", error=repr(e)[:200])
+            self.record("failed", a, error=repr(e)[:200])
             raise
-        self.record(a, "submitted", key=key)
+        self.record("submitted", a, key=key)
         n_tok = sum(len(r["completion_tokens"]) for r in rows)
         mean_r = sum(r["reward"] for r in rows) / len(rows)
         dt = time.time() - t0
@@ -431,12 +432,14 @@ def run_worker(
     hf backend. `after_load(backend)` runs after every weights load, before the hardware
     probe: the seam for a simulated worker that runs a model other than the policy.
     Raises NodeRefused when the orchestrator refuses the node."""
+    began = round(time.time(), 3)  # the start line's time: before the key and the model
     import torch
 
     torch.set_num_threads(threads)
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     w = join_run(url, home, threads, backend, work, after_load, device)
+    w.record("start", node=w.node, work=w.work.name, time=began)
     w.invite = invite
     w.start_early()
     waiting = None  # the last reason the orchestrator gave for no work

@@ -38,10 +38,17 @@ class Layout:
     weights: dict[str, float] = field(default_factory=dict)  # name or role -> cpu.shares
     fanout: int = 1  # relays on the first level
     levels: int = 1
+    # name or role -> (round trip ms, jitter ms, loss each way): netns.Link's
+    paths: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    blocks: dict[str, int] = field(default_factory=dict)  # name or role -> its /24 (netns)
 
-    def of(self, table: dict[str, float], name: str) -> float | None:
+    def of(self, table: dict, name: str):
         role = name.split("-")[0]
         return table.get(name, table.get(role))
+
+    def link(self, name: str) -> Link:
+        rtt, jitter, loss = self.of(self.paths, name) or (0.0, 0.0, 0.0)
+        return Link(self.of(self.links, name), rtt, jitter, loss)
 
     def level(self, index: int) -> int:
         """The level (0: fed by the origin) of relay `index`."""
@@ -57,13 +64,13 @@ class Emulated:
 
     def node(self, name: str) -> Node:
         if name not in self.net.nodes:
-            mbit = self.layout.of(self.layout.links, name)
             weight = self.layout.of(self.layout.weights, name)
             self.net.add(
                 name,
-                Link(mbit),
+                self.layout.link(name),
                 self.layout.of(self.layout.cpus, name),
                 None if weight is None else int(weight),
+                self.layout.of(self.layout.blocks, name),
             )
         return self.net.nodes[name]
 

@@ -362,38 +362,61 @@ class Network:
     def _impair(self, node: Node, port: str) -> None:
         """Loss on `node`'s link by iptables in the router (its `statistic` match, each
         way), delay and jitter by the delay line (sim/delayline.py), both on what the
-        bridge forwards; the first impaired link turns the bridge's filtering on."""
-        if not self._filtering:
-            self._start_filtering()
+        bridge forwards."""
+        self._filter()
         if node.link.loss:
             for way in ("--physdev-in", "--physdev-out"):  # its upload, its download
                 _iptables(self.router, "-I", "FORWARD", "1", "-m", "physdev", way, port,
                           "-m", "statistic", "--mode", "random",
                           "--probability", f"{node.link.loss:.6f}", "-j", "DROP")  # fmt: skip
         if node.link.delayed:
+            self._start_delayline()
             self._delays[node.address] = [node.link.rtt_ms, node.link.jitter_ms]
             table = self._scratch / "delays.json"
             table.with_suffix(".tmp").write_text(json.dumps(self._delays))
             table.with_suffix(".tmp").replace(table)
             self._delayline.send_signal(signal.SIGHUP)  # it reads the table again
 
-    def _start_filtering(self) -> None:
+    def cut(self, names: list[str]) -> None:
+        """A partition: nothing `names` send or are sent crosses the bridge until
+        `heal(names)`; their processes run on, their connections time out."""
+        self._filter()
+        for name in names:
+            port = f"v{list(self.nodes).index(name)}"
+            for way in ("--physdev-in", "--physdev-out"):
+                _iptables(self.router, "-I", "FORWARD", "1", "-m", "physdev", way, port,
+                          "-j", "DROP")  # fmt: skip
+
+    def heal(self, names: list[str]) -> None:
+        for name in names:
+            port = f"v{list(self.nodes).index(name)}"
+            for way in ("--physdev-in", "--physdev-out"):
+                _iptables(self.router, "-D", "FORWARD", "-m", "physdev", way, port, "-j", "DROP")
+
+    def _filter(self) -> None:
+        """The bridge hands what it forwards to iptables (once): loss, cuts, delay."""
+        if self._filtering:
+            return
+        if shutil.which("iptables") is None:
+            raise NetworkUnavailable("impaired links need iptables (apt-get install iptables)")
+        self.run_router(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], check=True)
+        self._filtering = True
+        for node in self.nodes.values():
+            _one_segment(node)
+
+    def _start_delayline(self) -> None:
         import importlib.util
         import sys
 
-        if shutil.which("iptables") is None:
-            raise NetworkUnavailable("impaired links need iptables (apt-get install iptables)")
+        if self._delayline is not None:
+            return
         if importlib.util.find_spec("netfilterqueue") is None:
             raise NetworkUnavailable(
                 "delayed links need NetfilterQueue (make netqueue: libnetfilter-queue-dev, "
                 "then pip install netfilterqueue)"
             )
-        self._filtering = True
-        for node in self.nodes.values():
-            _one_segment(node)
         self._scratch = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
         (self._scratch / "delays.json").write_text("{}")
-        self.run_router(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], check=True)
         argv = [sys.executable, "-m", "swarmrl.sim.delayline", "--queue", "0",
                 "--table", str(self._scratch / "delays.json"),
                 "--stats", str(self._scratch / "stats.json")]  # fmt: skip

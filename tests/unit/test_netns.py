@@ -117,8 +117,9 @@ print(json.dumps({"rtts": rtts, "echoed": len([g for g in got if g >= 1000])}))
 )
 def test_a_link_delays_jitters_and_loses_what_it_was_set_to():
     """Round trips (the sum of both links', with the jitter's spread) and loss each way
-    as set, measured by a packet's own round trip; without its delay line the network
-    carries nothing (no quiet fallback to an undelayed bridge)."""
+    as set, measured by a packet's own round trip; a cut node is cut off until healed;
+    without its delay line the network carries nothing (no quiet fallback to an
+    undelayed bridge)."""
     import json
 
     net = netns.Network("t4")
@@ -142,6 +143,14 @@ def test_a_link_delays_jitters_and_loses_what_it_was_set_to():
         # 2000 echoes cross the client's link twice at 5% each: 9.75% lost, sd 0.66%
         lost = 1.0 - seen["echoed"] / 2000
         assert 0.07 <= lost <= 0.125, lost
+        net.cut(["client"])  # a partition, then healed
+        cut = net.run(client, [sys.executable, "-c", PINGS, server.address, "2", "10"],
+                      capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+        assert json.loads(cut) == {"rtts": [], "echoed": 0}
+        net.heal(["client"])
+        healed = net.run(client, [sys.executable, "-c", PINGS, server.address, "5", "0"],
+                         capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+        assert len(json.loads(healed)["rtts"]) >= 3  # 5 pings, each 10% lost
         net._delayline.kill()
         net._delayline.wait()
         quiet = net.run(client, [sys.executable, "-c", PINGS, server.address, "2", "10"],
