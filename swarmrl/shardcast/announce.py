@@ -6,6 +6,12 @@ keeps each server's announced versions in its `ServerStats` and sets the pool's
 `changed` event, on which the follower's main loop decides what to fetch. It uses
 the follower's `pool`, `poll_wait_s`, `servers_from`, `refresh_s` and
 `_failed_at` (versions given up on, and when).
+
+Each server has a poll task of its own, bounded by `poll_wait_s` + 15 s: a server
+that holds or trickles its answer delays only what it announces itself, never
+the fetch of a version another server announced. Only believed servers'
+announcements choose what is fetched (servers.py: a server that broke a promise
+is not believed while it backs off).
 """
 
 from __future__ import annotations
@@ -88,11 +94,13 @@ class Announcements:
             fresh = set(new) - set(s.versions)
             changed = new != s.versions
             s.versions = new
-            if fresh:
+            if fresh and not s.broke_promise:
                 # a version this server did not announce before (a relay back from a
                 # restart, or one that has just got it) is worth a try now, though it
                 # was given up on or the server is backing off: waiting those out
-                # stalled the emulated swarm's nodes for 28 s after a relay's restart
+                # stalled the emulated swarm's nodes for 28 s after a relay's restart.
+                # Not from a server that broke a promise: a liar announcing a new
+                # fake version in every answer would never back off.
                 for v in fresh:
                     self._failed_at.pop(v, None)
                 s.backoff_until = 0.0
@@ -122,4 +130,6 @@ class Announcements:
                 log.info("servers: +%s -%s", [s.url for s in added], [s.url for s in withdrawn])
 
     def _announced(self) -> set[int]:
-        return {v for s in self.pool.servers.values() for v in s.versions}
+        """The versions announced by the servers that are believed now."""
+        now = time.monotonic()
+        return {v for s in self.pool.servers.values() if s.believed(now) for v in s.versions}

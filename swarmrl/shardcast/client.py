@@ -14,6 +14,19 @@ refetched from the start elsewhere; that server is not asked for that shard
 again. A mismatch in bytes from several servers blames none of them: the
 shard is refetched whole from one server.
 
+Deadlines: no one server holds the follower longer than `deadline_s` of what
+it is asked for, whatever it announces: GRACE_S (10 s), then MIN_BPS
+(256 KB/s) of the largest answer allowed: a manifest (MAX_MANIFEST_BYTES, 1 MB)
+within 14 s, a shard within 10 s + its size at MIN_BPS (205 s for 50 MB), a
+`/versions` poll within `poll_wait_s` + 15 s on a task of its own. A version
+that no server served a manifest for is given up on for FAILED_RETRY_S; a
+server that announced it and did not serve it is not believed while it backs
+off (servers.py), so announcing versions that do not exist costs the follower
+one manifest deadline per backoff of the liar, not the newest real version.
+With `follow_drops` (relays) a held version is deleted only on the say-so of
+servers whose newest announced version is one whose signed manifest this
+follower has verified (`_follow_drops`).
+
 Patches (protocol/patch.py): a version whose manifest carries a patch from a
 version this client holds is fetched as that patch (its shards, checked like
 any shard), applied to the held version, and installed only once every
@@ -74,8 +87,14 @@ log = logging.getLogger("swarmrl.shardcast.client")
 CHUNK = 4 << 20
 MAX_SHARD_ATTEMPTS = 12
 FAILED_RETRY_S = 10.0  # a version given up on is tried again after this long
-MIN_SHARD_BPS = 256 * 1024  # slower than this (after a 10 s grace) counts as a failure
+GRACE_S = 10.0  # every request for a manifest or a shard gets this long, and then:
+MIN_BPS = 256 * 1024  # slower than this counts as a failure (the server is cut off)
 PROGRESS_STEP = 4 << 20  # a relay streams in-flight shards onward in steps of this size
+
+
+def deadline_s(nbytes: int) -> float:
+    """How long one server may take to send `nbytes`: GRACE_S, then MIN_BPS."""
+    return GRACE_S + nbytes / MIN_BPS
 
 
 class _LocalWriteError(RuntimeError):
@@ -167,6 +186,7 @@ class Follower(Announcements):
         self.fastget = FastGet()
         self.failed: dict[int, str] = {}  # versions given up on, with the reason
         self._failed_at: dict[int, float] = {}
+        self._verified: set[int] = set()  # versions whose signed manifest checked out here
         self.in_flight: int | None = None
 
     # -- main loop ----------------------------------------------------------
@@ -188,7 +208,7 @@ class Follower(Announcements):
                     have = self.local.versions()
                     announced = self._announced()
                     if self.follow_drops:
-                        self._follow_drops(announced)
+                        self._follow_drops()
                     now = time.monotonic()
                     todo = [
                         v
@@ -227,12 +247,21 @@ class Follower(Announcements):
         self.failed[version] = why
         self._failed_at[version] = time.monotonic()
 
-    def _follow_drops(self, announced: set[int]) -> None:
-        """A relay deletes versions older than everything its upstreams still serve."""
-        if not announced:
+    def _follow_drops(self) -> None:
+        """A relay deletes versions older than everything its upstreams still serve,
+        counting only the upstreams whose newest announced version is genuine (held,
+        or its signed manifest verified here): a server that announces versions that do
+        not exist says nothing about what the others serve, and one that cannot be
+        reached (it announces nothing) deletes nothing."""
+        held = self.local.versions()
+        genuine = self._verified.union(held)
+        vouched = [s.versions for s in self.pool.servers.values()
+                   if s.versions and s.versions[-1] in genuine]  # fmt: skip
+        if not vouched:
             return
-        for v in self.local.versions():
-            if v < min(announced):
+        oldest = min(vs[0] for vs in vouched)
+        for v in held:
+            if v < oldest:
                 self._delete(v)
 
     def _delete(self, v: int) -> None:
@@ -324,15 +353,18 @@ class Follower(Announcements):
                 continue
             tried.add(s.url)
             try:
-                async with session.get(f"{s.url}/v/{version}/manifest.json") as r:
-                    if r.status != 200:
-                        raise BadStatus(f"HTTP {r.status}")
-                    raw = await read_limited(r, MAX_MANIFEST_BYTES, "manifest")
+                async with asyncio.timeout(deadline_s(MAX_MANIFEST_BYTES)):
+                    async with session.get(f"{s.url}/v/{version}/manifest.json") as r:
+                        if r.status != 200:
+                            raise BadStatus(f"HTTP {r.status}")
+                        raw = await read_limited(r, MAX_MANIFEST_BYTES, "manifest")
             except BadBody as e:
+                s.broke_promise = True  # it announced the version: servers.py
                 self.pool.bad_data(s, f"manifest {version}: {e}")
                 continue
             except (aiohttp.ClientError, TimeoutError, BadStatus) as e:
-                self.pool.failure(s, f"manifest {version}: {e}")
+                s.broke_promise = True
+                self.pool.failure(s, f"manifest {version}: {type(e).__name__}: {e}")
                 continue
             try:
                 manifest = parse_manifest(raw, f"{s.url} version {version}")
@@ -342,8 +374,11 @@ class Follower(Announcements):
                         f"{s.url}: asked for version {version}, manifest is {manifest.version}"
                     )
             except ManifestError as e:
+                s.broke_promise = True
                 self.pool.bad_data(s, str(e))
                 continue
+            s.broke_promise = False
+            self._verified.add(version)
             return manifest, raw
 
     async def _fetch_shards(
@@ -422,14 +457,13 @@ class Follower(Announcements):
             s.active += 1
             t0, start = time.monotonic(), st.pos
             try:
-                limit = 10.0 + (sh.size - st.pos) / MIN_SHARD_BPS
-                async with asyncio.timeout(limit):
+                async with asyncio.timeout(deadline_s(sh.size - st.pos)):
                     await self._stream(session, s, version, fe, index, sh, st)
             except _LocalWriteError as e:
                 raise ShardcastError(f"{fe.name} shard {index}: writing failed: {e}") from e
             except (aiohttp.ClientError, TimeoutError, BadStatus, OSError) as e:
                 # Recovered: keep what arrived; resume with Range on the best server
-                # (a server slower than MIN_SHARD_BPS is cut off by the timeout).
+                # (a server slower than MIN_BPS is cut off by the deadline).
                 self.pool.failure(s, f"{fe.name}/{index}: {type(e).__name__}: {e}")
                 continue
             finally:

@@ -7,6 +7,13 @@ measured is tried first, and stays "unmeasured" after a failure, so it is
 explored again once its backoff ends. A failure lowers its throughput and
 success and backs it off exponentially (0.25 s doubling to 30 s). Only servers
 that announce the version are asked for its shards.
+
+A server that announced a version and then did not serve its manifest (an
+error, the deadline, a manifest of another version or unsigned) has broken a
+promise: while it backs off, what it announces is not believed (it chooses
+nothing the follower fetches, and a version it announces anew does not end its
+backoff), until one of its manifests verifies. A liar announcing versions that
+do not exist is thereby asked about one of them per backoff, which doubles.
 """
 
 from __future__ import annotations
@@ -42,6 +49,11 @@ class ServerStats:
     bytes: int = 0
     versions: list[int] = field(default_factory=list)
     withdrawn: bool = False  # no longer advertised by the orchestrator: not polled, not picked
+    broke_promise: bool = False  # announced a version, then did not serve its manifest
+
+    def believed(self, now: float) -> bool:
+        """Whether what it announces counts (see the module)."""
+        return not self.withdrawn and not (self.broke_promise and self.backoff_until > now)
 
     def score(self) -> float:
         bps = self.ema_bps if self.ema_bps is not None else UNMEASURED_BPS
