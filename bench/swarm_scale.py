@@ -107,6 +107,7 @@ from swarm_layout import CHEATS, LINKS, blocks, delay_summary, launch_cheats, li
 from swarmrl.sim import netns  # noqa: E402
 
 PARTITION_STEP = 8
+HOSTILE_STEP = 12
 REQUEST = "swarmrl_request_seconds"  # from a request's headers, body wait included
 # cpu.shares by role: every node competes inside the run's cgroup. The orchestrator,
 # the relays, the validators and the trainer have machines (GPUs) of their own in a
@@ -121,6 +122,12 @@ def _args() -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=32)
     p.add_argument("--late", type=int, default=4, help="of the workers, joining at step 2")
     p.add_argument("--churn", type=float, default=0.2, help="fraction of workers killed")
+    p.add_argument(
+        "--no-hostile",
+        dest="hostile",
+        action="store_false",
+        help=f"no relay turns hostile (by default the last does at step {HOSTILE_STEP})",
+    )
     p.add_argument(
         "--partition",
         type=float,
@@ -157,6 +164,12 @@ def _args() -> argparse.Namespace:
         "the JSON then holds the planner's prediction of this run beside it",
     )
     p.add_argument("--plot", help="also write the timeline plot here (it is always in the run)")
+    p.add_argument(
+        "--predict",
+        action="store_true",
+        help="with --costs: the planner's prediction of a run with these flags, "
+        "without running it (committed before the run it predicts)",
+    )
     p.add_argument("--replan", action="store_true",
                    help="with --costs: the planner's prediction of the run already in --runs "
                    "(the same flags), without running it")  # fmt: skip
@@ -178,6 +191,9 @@ class Chaos(threading.Thread):
         self.cpu_series: list[dict] = []  # every 2 s: time, step, node -> CPU s so far
         self.stop = threading.Event()
         self.trusted: set[str] = set()  # keys in the orchestrator's trusted_workers, as run
+        # the last relay (a leaf: workers fetch from it) turns hostile at HOSTILE_STEP
+        self.hostile_name = f"relay-{a.relays - 1}" if a.hostile and a.relays > 1 else None
+        self.hostile_flag = run.parent / "hostile-relay.go"
 
     def step(self) -> int:
         p = self.run_dir / "metrics.jsonl"
@@ -233,6 +249,10 @@ class Chaos(threading.Thread):
                 self.scrape()
                 self.kill("orchestrator", "orchestrator SIGKILL")
                 done.add("orchestrator")
+            if step >= HOSTILE_STEP and "hostile" not in done and self.hostile_name:
+                self.hostile_flag.touch()
+                self.kill(self.hostile_name, "turns hostile")  # restarted as the liar
+                done.add("hostile")
             if step >= PARTITION_STEP and "partition" not in done and a.partition > 0:
                 self.net.cut(cut)
                 cut_at = time.time()
@@ -292,6 +312,20 @@ class Chaos(threading.Thread):
         self.scrapes.append({"step": self.step(), "text": text})
 
 
+def turns_hostile(argv: list[str], flag: Path) -> list[str]:
+    """A relay's command that runs the relay, or, once `flag` exists, the hostile relay
+    (sim/hostile_relay.py) on the same directory, address and port."""
+    import shlex
+
+    def arg(name: str) -> str:
+        return argv[argv.index(name) + 1]
+
+    hostile = [sys.executable, "-m", "swarmrl.sim.hostile_relay", "--dir", arg("--dir"),
+               "--host", arg("--host"), "--port", arg("--port")]  # fmt: skip
+    script = f'if [ -e "$0" ]; then exec {shlex.join(hostile)}; fi; shift; exec "$@"'
+    return ["sh", "-c", script, str(flag), "relay", *argv]
+
+
 def scenario(a: argparse.Namespace, cfg, layout, costs):
     """This run as the planner's model sees it (plan/model.py): the same workers,
     links, shares and weights, tree, work cap and events; cheaters are left out."""
@@ -318,12 +352,22 @@ def scenario(a: argparse.Namespace, cfg, layout, costs):
     )  # fmt: skip
 
 
-def predicted(a: argparse.Namespace, cfg, layout, out: dict) -> dict:
-    """The planner's figures for this run, beside the run's own, with their ratio."""
+def planned(a: argparse.Namespace, cfg, layout) -> tuple[dict, dict]:
+    """The planner's figures for this run (its costs from --costs), and the costs."""
     from swarmrl.plan.model import Costs, simulate
 
     costs = Costs(**json.loads(Path(a.costs).read_text()))
     plan = simulate(scenario(a, cfg, layout, costs), costs)
+    return {
+        "trainer_busy_fraction": plan.trainer_busy_fraction,
+        "weights_lag_p50_s": plan.weights_lag_s.get("nodes", {}).get("p50"),
+        "stale_fraction": plan.stale_fraction,
+    }, costs.__dict__
+
+
+def predicted(a: argparse.Namespace, cfg, layout, out: dict) -> dict:
+    """The planner's figures for this run, beside the run's own, with their ratio."""
+    theirs, costs = planned(a, cfg, layout)
     files = out["files"]
     mine = {
         "trainer_busy_fraction": out["trainer_busy_fraction"],
@@ -331,14 +375,9 @@ def predicted(a: argparse.Namespace, cfg, layout, out: dict) -> dict:
         "stale_fraction": round(files["stale"] / files["generated"], 3)
         if files["generated"] else None,
     }  # fmt: skip
-    theirs = {
-        "trainer_busy_fraction": plan.trainer_busy_fraction,
-        "weights_lag_p50_s": plan.weights_lag_s.get("nodes", {}).get("p50"),
-        "stale_fraction": plan.stale_fraction,
-    }
     ratio = {k: round(theirs[k] / mine[k], 2) if mine[k] else None for k in mine}
     return {"emulated": mine, "planned": theirs, "planned_over_emulated": ratio,
-            "costs": costs.__dict__}  # fmt: skip
+            "costs": costs}  # fmt: skip
 
 
 def setup(a: argparse.Namespace, tiny: Path):
@@ -389,8 +428,13 @@ def replan(a: argparse.Namespace) -> int:
     beside its figures (swarm_scale.json), without running a swarm: a model or its
     costs checked again against saved runs."""
     if not a.costs:
-        print("--replan needs --costs", file=sys.stderr)
+        print("--replan and --predict need --costs", file=sys.stderr)
         return 2
+    if a.predict:  # before the run: a prediction to commit, then to hold the run to
+        _, _, cfg, layout = setup(a, ROOT / "models" / "tiny-reverse_text")
+        flags = {k: v for k, v in vars(a).items() if k not in ("costs", "predict", "replan")}
+        print(json.dumps({"flags": flags, "planned": planned(a, cfg, layout)[0]}))
+        return 0
     saved = Path(a.runs) / "swarm" / "swarm_scale.json"
     out = json.loads(saved.read_text())
     _, _, cfg, layout = setup(a, ROOT / "models" / "tiny-reverse_text")
@@ -402,7 +446,7 @@ def replan(a: argparse.Namespace) -> int:
 
 def main() -> int:
     a = _args()
-    if a.replan:
+    if a.replan or a.predict:
         return replan(a)
     ok, why = netns.available()
     if not ok:
@@ -425,6 +469,7 @@ def main() -> int:
         shutil.rmtree(cfg.run_dir, ignore_errors=True)  # the chaos reads its steps from it
         chaos = Chaos(net, cfg.run_dir, a, url)
         chaos.flag.unlink(missing_ok=True)
+        chaos.hostile_flag.unlink(missing_ok=True)
         late = {f"worker-{i}" for i in range(honest - a.late, honest)}
         wrap = place.wrap
 
@@ -432,6 +477,10 @@ def main() -> int:
             if proc.name in late:
                 proc.argv = ["sh", "-c", f'while [ ! -e "{chaos.flag}" ]; do sleep 0.2; done;'
                              ' exec "$@"', "late", *proc.argv]  # fmt: skip
+            if proc.name == chaos.hostile_name:  # once its flag is there, it comes back lying
+                for attr in ("argv", "restart_argv"):
+                    if getattr(proc, attr) is not None:
+                        setattr(proc, attr, turns_hostile(getattr(proc, attr), chaos.hostile_flag))
             wrap(proc)
 
         place.wrap = wrap_late
