@@ -312,6 +312,26 @@ class Chaos(threading.Thread):
         self.scrapes.append({"step": self.step(), "text": text})
 
 
+def hostile_figures(tl: dict, chaos: Chaos, db) -> dict | None:
+    """The workers' and validators' weights lag before and after the relay turned
+    hostile (timeline seconds), and whether the orchestrator still lists it."""
+    turned = [e for e in tl["events"] if e.get("why") == "turns hostile"]
+    if not turned:
+        return None
+    at = turned[0]["at"]
+    points = tl["lag"].get("workers and validators", [])
+    before = [lag for t, lag in points if t < at]
+    after = [lag for t, lag in points if t >= at]
+    host = chaos.net.nodes[chaos.hostile_name].address
+    listed = db.execute("SELECT url, listed, detail FROM relay_checks").fetchall()
+    return {
+        "relay": chaos.hostile_name, "step": turned[0]["step"],
+        "lag_before_s": records.quantiles(before) | {"max": max(before, default=None)},
+        "lag_after_s": records.quantiles(after) | {"max": max(after, default=None)},
+        "listed_at_end": [bool(x[1]) for x in listed if host in x[0]],
+    }  # fmt: skip
+
+
 def turns_hostile(argv: list[str], flag: Path) -> list[str]:
     """A relay's command that runs the relay, or, once `flag` exists, the hostile relay
     (sim/hostile_relay.py) on the same directory, address and port."""
@@ -576,6 +596,7 @@ def main() -> int:
     if a.costs:
         out["plan"] = predicted(a, cfg, layout, out)
     tl = records.timeline(run, chaos, layout)
+    out["hostile_relay"] = hostile_figures(tl, chaos, db)
     (run / "timeline.json").write_text(json.dumps(tl))
     (run / "cpu.jsonl").write_text("".join(json.dumps(x) + "\n" for x in chaos.cpu_series))
     (run / "links.json").write_text(  # the planner's calibration reads both (plan/calibrate.py)

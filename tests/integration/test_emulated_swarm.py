@@ -1,6 +1,7 @@
 """A whole swarm on the emulated network (sim/emulated.py): each process in its own
-namespace on a shaped link, relays in a tree of two levels, a cheater among the
-workers. The default suite keeps the network's own tests (tests/unit/test_netns.py)."""
+namespace on a shaped link with a round trip and loss, relays in a tree of two levels,
+every worker a stranger, a cheater among them. The default suite keeps the network's
+own tests (tests/unit/test_netns.py)."""
 
 from __future__ import annotations
 
@@ -27,10 +28,14 @@ def test_a_swarm_on_shaped_links_with_a_relay_tree_trains_and_ejects_its_cheater
     overrides = [f"runs_dir={json.dumps(str(tmp_path / 'runs'))}",
                  f"model.path={json.dumps(str(tiny_model))}", "trainer.steps=6",
                  "launcher.workers=2", "shardcast.relays=3", "validator.count=1",
-                 "orchestrator.register_work_bits=8", "orchestrator.range_share=1"]  # fmt: skip
+                 "orchestrator.register_work_bits=8", "launcher.trust_own_workers=false"]  # fmt: skip
     cfg = load_config(config, overrides)
+    # an open swarm: no worker trusted, each in a /24 of its own, the cheater in worker-0's;
+    # the workers' links 120 ms round trips with jitter and loss
     layout = Layout(links={"worker": 10, "cheater": 10, "relay": 50, "trainer": 100,
-                           "orchestrator": 100, "validator": 50}, levels=2)  # fmt: skip
+                           "orchestrator": 100, "validator": 50}, levels=2,
+                    paths={"worker": (120.0, 12.0, 0.005), "cheater": (60.0, 6.0, 0.0)},
+                    blocks={"worker-0": 1, "worker-1": 2, "cheater-0": 1})  # fmt: skip
     with netns.Network("it") as net:
         net.attach_host()
         code = launch(cfg, config, overrides, resume=False, fresh=True, cheaters=1,
@@ -54,4 +59,6 @@ def test_a_swarm_on_shaped_links_with_a_relay_tree_trains_and_ejects_its_cheater
     honest = [v["accepted"] for v in verdicts if names[v["node"]].startswith("worker-")]
     cheats = [v["accepted"] for v in verdicts if names[v["node"]] == "cheater-0"]
     assert honest and all(honest)
+    judged = {names[v["node"]] for v in verdicts if v["accepted"]}
+    assert {"worker-0", "worker-1"} <= judged  # each stranger through probation
     assert cheats and not any(cheats)
