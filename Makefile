@@ -112,7 +112,8 @@ bench: $(TEST_STAMP) $(TINY)/warm_start.json chromium netqueue
 	$(BIN)/python bench/verification_rates.py  # false rejections in 105k honest rollouts, the detection matrix (hours; resumable; --quick: minutes)
 	$(BIN)/python bench/weight_patches.py  # full versions against patches on a bfloat16 run
 	$(BIN)/python bench/dashboard_cost.py  # the orchestrator with and without a browser on its dashboard
-	$(BIN)/python bench/swarm_scale.py  # 35 workers, 3 relays in two levels, churn and cheaters on shaped links (root)
+	$(BIN)/python bench/links.py  # what a packet sees on the emulated links against what was set (root)
+	$(BIN)/python bench/swarm_scale.py  # an open swarm: 38 strangers, 6 cheaters, faults, delayed lossy links (root)
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

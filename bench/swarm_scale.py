@@ -54,7 +54,9 @@ Definitions:
 - `files`: the ledger's count by fate of every file (honest or not); `files.lost`:
   honest files a worker made whose fate neither side can give: submitted by its
   own record but missing or unsettled on the ledger, or made and never sent by a
-  worker nothing killed (bench/swarm_fates.py, `waste`);
+  worker nothing killed (bench/swarm_fates.py, `waste`); `files.lost_ledger_view`:
+  honest files the ledger holds past their upload, or a worker's log says it
+  submitted, whose fate the ledger does not give;
 - `open_swarm.wasted`: honest files made and not trained, by why (stale, refused
   at upload, refused blamelessly, voided, held by a worker churn killed, failed,
   still queued at the end), and `wasted_fraction` over the honest files made;
@@ -469,6 +471,11 @@ def main() -> int:
     if a.replan or a.predict:
         return replan(a)
     ok, why = netns.available()
+    if ok and not a.clean_links:
+        import importlib.util
+
+        if importlib.util.find_spec("netfilterqueue") is None or not shutil.which("iptables"):
+            ok, why = False, "delayed links need iptables and NetfilterQueue: make netqueue"
     if not ok:
         print(json.dumps({"skipped": why}))
         return 2
@@ -551,7 +558,8 @@ def main() -> int:
         "delay_line": delay_summary(chaos.net.delay_stats()),
         "steps": len(metrics),
         "trainer_busy_fraction": round(busy / span, 3) if span else None,
-        "files": files,
+        # lost from the workers' side (their files.jsonl); the ledger's and logs' view beside
+        "files": files | {"lost": opened["lost"], "lost_ledger_view": files["lost"]},
         "honest_files_rejected": sum(
             names.get(n, "").startswith("worker-") and not swarm_fates.blameless(c)
             for n, c in blamed

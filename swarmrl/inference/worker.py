@@ -415,6 +415,20 @@ def join_run(
     )  # fmt: skip
 
 
+def process_started() -> float:
+    """When this process started (Linux: /proc, its start in ticks after boot), or now
+    where /proc cannot say."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
+            if x.startswith("btime ")
+        )  # fmt: skip
+    except (OSError, ValueError, IndexError, StopIteration):  # recovered: not Linux
+        return time.time()
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def run_worker(
     url: str,
     home: Path,
@@ -432,7 +446,7 @@ def run_worker(
     hf backend. `after_load(backend)` runs after every weights load, before the hardware
     probe: the seam for a simulated worker that runs a model other than the policy.
     Raises NodeRefused when the orchestrator refuses the node."""
-    began = round(time.time(), 3)  # the start line's time: before the key and the model
+    began = round(process_started(), 3)  # the start line's time: before the imports too
     import torch
 
     torch.set_num_threads(threads)
