@@ -30,6 +30,12 @@ clock, so that the same events fall at the same point of the run on any machine:
   at once (during that version's broadcast); it is restarted too;
 - at step 5 the first validator is killed; at step 6 the orchestrator (SIGKILL),
   which the launcher restarts on its port, from its database;
+- at step 8 a partition cuts a quarter of the workers (of every link class) off for
+  `--partition` seconds (sim/netns.py, `Network.cut`), then heals;
+- at step 12 the last relay (a leaf, which workers fetch from) turns hostile: killed,
+  it comes back as sim/hostile_relay.py on its directory, address and port, still
+  registered with its key (it heartbeats): it announces versions that do not exist,
+  answers the far ones with an older signed manifest, and trickles every byte;
 - `--cheaters` dishonest workers (`--cheats`, in turn: the blatant kinds and the
   quiet ones, sim/registry.py's QUIET_CHEATS) run from the start.
 
@@ -336,7 +342,8 @@ def hostile_figures(tl: dict, chaos: Chaos, db) -> dict | None:
 
 def turns_hostile(argv: list[str], flag: Path) -> list[str]:
     """A relay's command that runs the relay, or, once `flag` exists, the hostile relay
-    (sim/hostile_relay.py) on the same directory, address and port."""
+    (sim/hostile_relay.py) on the same directory, address, port and key, registered
+    with the orchestrator as the relay was."""
     import shlex
 
     def arg(name: str) -> str:
@@ -344,6 +351,9 @@ def turns_hostile(argv: list[str], flag: Path) -> list[str]:
 
     hostile = [sys.executable, "-m", "swarmrl.sim.hostile_relay", "--dir", arg("--dir"),
                "--host", arg("--host"), "--port", arg("--port")]  # fmt: skip
+    for x in argv:  # it stays registered, heartbeating with the relay's own key
+        if x.startswith("orchestrator.url="):
+            hostile += ["--orchestrator", json.loads(x.split("=", 1)[1])]
     script = f'if [ -e "$0" ]; then exec {shlex.join(hostile)}; fi; shift; exec "$@"'
     return ["sh", "-c", script, str(flag), "relay", *argv]
 

@@ -22,7 +22,10 @@ that the manifest does not hash to: what it can do is waste a client's time and
 claim versions exist. How the client bounds that is in docs/shardcast.md
 ("Hostile servers"); tests/unit/test_hostile_relay.py runs it against followers.
 It records how long it held each request (`held`), so a test can check that no
-client stayed past its deadline. A test fixture, not part of an honest run:
+client stayed past its deadline. With `--orchestrator URL` it keeps the relay's
+registration alive (heartbeats with the relay's own key), so that only the
+orchestrator's checks (orchestrator/relaycheck.py) and the nodes' reports can
+delist it. A test fixture, not part of an honest run:
 no command of the swarm starts it.
 """
 
@@ -169,7 +172,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--bps", type=float, default=4.0, help="bytes a second it sends")
+    ap.add_argument("--orchestrator", help="keep the relay registered there, heartbeating with "
+                    "its own key (DIR/node.key), as a liar that stays listed would")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.orchestrator:
+        from swarmrl.shardcast.relay import join_orchestrator
+
+        join_orchestrator(args.orchestrator, args.dir / "node.key",
+                          f"http://{args.host}:{args.port}")  # fmt: skip
 
     async def serve() -> None:
         relay = HostileRelay(args.dir, args.bps)
