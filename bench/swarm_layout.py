@@ -43,7 +43,8 @@ def delay_summary(stats: dict | None) -> dict | None:
     d = sorted(stats["delays_ms"])
     if not d:
         return {"packets": stats["packets"]}
-    return {"packets": stats["packets"], "sampled": len(d), "p50_ms": d[len(d) // 2],
+    return {"packets": stats["packets"], "cpu_s": stats.get("cpu_s"), "sampled": len(d),
+            "p50_ms": d[len(d) // 2],
             "p99_ms": d[int(0.99 * (len(d) - 1))], "max_ms": d[-1]}  # fmt: skip
 
 

@@ -277,7 +277,9 @@ class Network:
                 int(p) for p in _ip("netns", "pids", node.namespace, check=False).stdout.split()
             )
             _ip("netns", "del", node.namespace, check=False)
+        used = None
         if self._delayline is not None:
+            used = _cpu_s(self._delayline.pid)
             _stop(self._delayline)  # it writes its stats as it leaves
         if self._leg:  # a namespace is destroyed later, by the kernel: its links too
             _ip("link", "del", self._leg, check=False)
@@ -287,6 +289,8 @@ class Network:
         if self._scratch is not None:
             stats = self._scratch / "stats.json"
             self._stats = json.loads(stats.read_text()) if stats.exists() else None
+            if self._stats is not None:
+                self._stats["cpu_s"] = used
             shutil.rmtree(self._scratch, ignore_errors=True)
         for sig, old in self._old_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
@@ -446,8 +450,8 @@ class Network:
                               capture_output=True, text=True, **kw)  # fmt: skip
 
     def delay_stats(self) -> dict | None:
-        """What the delay line saw (packets, a sample of delays), once the network is
-        closed; None where no link was delayed."""
+        """What the delay line saw (packets, a sample of delays) and the CPU seconds it
+        used, once the network is closed; None where no link was delayed."""
         return self._stats
 
     def impairment(self, node: Node) -> dict[str, float]:
@@ -524,6 +528,15 @@ class Network:
             "up": _rate(node.namespace, "eth0"),
             "down": _rate(self.router, f"v{index}"),
         }
+
+
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds (user and system) process `pid` has used, None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
 def _one_segment(node: Node) -> None:

@@ -156,7 +156,8 @@ def test_a_link_delays_jitters_and_loses_what_it_was_set_to():
         quiet = net.run(client, [sys.executable, "-c", PINGS, server.address, "2", "10"],
                         capture_output=True, text=True, timeout=60).stdout  # fmt: skip
         assert json.loads(quiet) == {"rtts": [], "echoed": 0}
-    assert net.delay_stats() is None or net.delay_stats()["packets"] > 0
+    stats = net.delay_stats()  # the killed line wrote none; its CPU was read before
+    assert stats is None or (stats["packets"] > 0 and stats["cpu_s"] >= 0)
     assert _left(net.tag) == []
 
 
