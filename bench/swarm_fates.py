@@ -59,12 +59,17 @@ def accepted(row: dict) -> bool:
     return bool(row["verdict"]) and json.loads(row["verdict"]).get("accepted") is True
 
 
-def started(lines: list[dict]) -> float | None:
+def started(lines: list[dict], not_before: float | None = None) -> float | None:
+    """Its first process's start, or `not_before` if later (a late worker's process
+    is the shell that waited for its turn: /proc gives the shell's start)."""
     times = [x["time"] for x in lines if x["event"] == "start"]
-    return min(times) if times else None
+    if not times:
+        return None
+    return max(min(times), not_before) if not_before else min(times)
 
 
 def quantiles(xs: list[float]) -> dict:
+    """p50, p99 and max; with fewer than 100 values p99 is the max."""
     if not xs:
         return {"p50": None, "p99": None, "max": None, "n": 0}
     xs = sorted(xs)
@@ -74,11 +79,16 @@ def quantiles(xs: list[float]) -> dict:
 
 
 def fates(run: Path, names: dict[str, str], killed: set[str], classes: dict[str, str],
-          cores: dict[str, float], end: float, kinds: dict[str, str]) -> dict:  # fmt: skip
+          cores: dict[str, float], end: float, kinds: dict[str, str],
+          joined: dict[str, float] | None = None) -> dict:  # fmt: skip
     """The open swarm's figures (bench/swarm_scale.py's docstring): `names` maps keys to
     node names, `killed` the nodes churn killed, `classes` each worker's link class,
     `cores` its CPU share, `end` when the run ended (time.time()), `kinds` each
-    cheater's cheat."""
+    cheater's cheat, `joined` when late workers were let start.
+
+    A copier's files made while there was nothing to copy, and a stale-policy
+    cheater's files of the first version it held (taken to be 0), are honest work
+    counted under `trained`/`trained_while_honest` as the cheat's."""
     book = ledger(run)
     key_of = {n: k for k, n in names.items()}
     records = worker_records(run)
@@ -90,7 +100,7 @@ def fates(run: Path, names: dict[str, str], killed: set[str], classes: dict[str,
         c = per_class.setdefault(classes.get(name, "?"), {"workers": 0, "made": 0,
                                                          "trained": 0, "wasted": 0})  # fmt: skip
         c["workers"] += 1
-        t0 = started(records.get(name, []))
+        t0 = started(records.get(name, []), (joined or {}).get(name))
         alive = max(0.0, end - t0) if t0 else 0.0  # from its start to the run's end
         c["core_s"] = round(c.get("core_s", 0.0) + cores.get(name, 1.0) * alive, 1)
         for f in made:
@@ -147,9 +157,11 @@ def fates(run: Path, names: dict[str, str], killed: set[str], classes: dict[str,
 
 
 def waste(f: dict, row: dict | None, killed: bool) -> str | None:
-    """Why an honest file made was not trained, or None if it was (or is still queued
-    at the end), or "lost" if neither side can say: a file the worker submitted that
-    the ledger lacks or never settled, or one it held when nothing killed it."""
+    """Why an honest file made was not trained (`unused_at_end`: still queued when the
+    run ended), None if it was, or "lost" if neither side can say: a file the worker
+    submitted that the ledger lacks or never settled, or one it held when nothing
+    killed it (the run's own end included: a worker stopped mid-upload at the end
+    counts it lost)."""
     if f["fate"] == "held":
         return "churn" if killed else "lost"
     if f["fate"] == "failed":

@@ -237,7 +237,7 @@ class Chaos(threading.Thread):
                 self.scrape()
             if step >= 2 and "late" not in done:
                 self.flag.touch()
-                self.events.append({"step": step, "join": a.late})
+                self.events.append({"step": step, "join": a.late, "time": time.time()})
                 done.add("late")
             if step >= 3 and "churn" not in done:
                 for name in churn:
@@ -548,7 +548,9 @@ def main() -> int:
     killed = {e["kill"] for e in chaos.events if e.get("why") == "churn"}
     classes = {n: f"{mbit:g} Mbit/s" for n, mbit in layout.links.items() if n.startswith("worker-")}
     cores = {n: a.worker_cpu for n in names.values()}
-    opened = swarm_fates.fates(run, names, killed, classes, cores, ended, kinds)
+    joined = [e["time"] for e in chaos.events if "join" in e]  # the late workers' turn
+    late = {n: joined[0] for n in chaos.late} if joined else {}
+    opened = swarm_fates.fates(run, names, killed, classes, cores, ended, kinds, late)
     nets = dict(db.execute("SELECT key, net FROM nodes WHERE role = 'worker'").fetchall())
     blamed = db.execute("SELECT node, check_name FROM files WHERE state = 'rejected'").fetchall()
     out = {

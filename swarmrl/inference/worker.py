@@ -247,8 +247,11 @@ class WorkerNode:
         line = {"event": event, "time": round(time.time(), 3), **fields}
         if a is not None:
             line |= {"step": a.step, "policy": a.policy_step, "counter": a.counter}
-        with open(self.files_log, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        try:
+            with open(self.files_log, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except OSError as e:  # recovered: a diagnostic record; the file's work goes on
+            log.warning("files.jsonl: %s", e)
 
     def follow_weights(self) -> bool:
         """Load the newest complete policy version unless it is loaded; False (after a

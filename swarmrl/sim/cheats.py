@@ -177,8 +177,15 @@ class Copier(Cheat):
     def newest_other(self, mine: str) -> bytes | None:
         if self.store is None or not (self.store / "rollouts").is_dir():
             return None
-        files = [p for p in (self.store / "rollouts").rglob("*.parquet") if mine not in p.name]
-        for path in sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)[:5]:
+        files = []
+        for p in (self.store / "rollouts").rglob("*.parquet"):
+            if mine in p.name:
+                continue
+            try:
+                files.append((p.stat().st_mtime, p))
+            except OSError:  # recovered: deleted since it was listed (a stale file)
+                continue
+        for _, path in sorted(files, reverse=True)[:5]:
             try:
                 return path.read_bytes()
             except OSError:  # recovered: deleted since it was listed; the next one

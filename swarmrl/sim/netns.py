@@ -69,6 +69,7 @@ PREFIX = "srl"  # every namespace and cgroup this module makes is named PREFIX<p
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 CFS_PERIOD_US = 100_000
 STOP_GRACE_S = 5.0
+DELAYLINE_START_S = 60.0  # from its start to its queue bound ("ready")
 DELAYLINE_WEIGHT = 32768  # cpu.shares of the delay line: every delayed packet waits on it
 
 
@@ -403,7 +404,11 @@ class Network:
             return
         if shutil.which("iptables") is None:
             raise NetworkUnavailable("impaired links need iptables (apt-get install iptables)")
-        self.run_router(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"], check=True)
+        made = self.run_router(["sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"])
+        if made.returncode != 0:
+            raise NetworkUnavailable(
+                f"the bridge cannot hand packets to iptables (br_netfilter): {made.stderr.strip()}"
+            )
         self._filtering = True
         for node in self.nodes.values():
             _one_segment(node)
@@ -437,9 +442,13 @@ class Network:
         self._delayline = subprocess.Popen(
             command, start_new_session=True, stdout=subprocess.PIPE, text=True
         )
-        if self._delayline.stdout.readline().strip() != "ready":
-            raise NetworkUnavailable(
-                f"the delay line did not start (exit code {self._delayline.wait()})"
+        import select
+
+        ready, _, _ = select.select([self._delayline.stdout], [], [], DELAYLINE_START_S)
+        if not ready or self._delayline.stdout.readline().strip() != "ready":
+            raise NetworkUnavailable(  # close() stops it
+                f"the delay line did not start within {DELAYLINE_START_S:.0f} s "
+                f"(exit code {self._delayline.poll()})"
             )
         # every bridged packet goes through it; no bypass: without it nothing crosses
         _iptables(self.router, "-A", "FORWARD", "-m", "physdev", "--physdev-is-bridged",
@@ -461,8 +470,8 @@ class Network:
         rules = self.run_router(["iptables", "-w", "-S", "FORWARD"]).stdout.splitlines()
         loss = {}
         for rule in rules:
-            words = rule.split()
-            if "DROP" in words and f"v{index}" in words:
+            words = rule.split()  # a loss rule (a cut has no --probability)
+            if "--probability" in words and f"v{index}" in words:
                 way = words[words.index(f"v{index}") - 1]
                 loss[way] = float(words[words.index("--probability") + 1])
         rtt, jitter = self._delays.get(node.address, [0.0, 0.0])
