@@ -6,24 +6,16 @@ docstring for the definitions)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import statistics
 from datetime import datetime
 from pathlib import Path
 
+from swarmrl.procs import cpu_s  # noqa: E402,F401  (re-exported: the bench reads it here)
+
 SUBMITTED = re.compile(r"step \d+ policy \d+: .* -> (rollouts/\S+)")
 LAG = re.compile(r"version (\d+): ([\d.]+) MB in [\d.]+s \(([\d.]+)s after publish\)")
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) process `pid` has used so far (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_by_role(cpu: dict[tuple[str, int], float]) -> dict[str, float]:

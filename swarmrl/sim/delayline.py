@@ -39,11 +39,14 @@ prints `ready` once the queue is bound and runs until SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import ipaddress
 import json
+import os
 import random
 import selectors
+import shutil
 import signal
 import sys
 import time
@@ -96,6 +99,62 @@ class DelayLine:
         while held and held[0][0] <= now:
             heapq.heappop(held)[2].accept()
         return held[0][0] - now if held else None
+
+
+class DelayLineProcess:
+    """The delay line run as a process in namespace `router` (what sim/netns.py starts):
+    its table and stats in a scratch directory named after `tag`, in cgroup `group`
+    (its `cgroup.procs`) if given. `set` adds a link to the table; `stop(stopper)`
+    ends it and returns what it saw, with the CPU seconds it used."""
+
+    def __init__(self, router: str, tag: str, group: Path | None, start_s: float = 60.0):
+        import select
+        import subprocess
+        import tempfile
+
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
+        self.table = self.scratch / "delays.json"
+        self.links: dict[str, list[float]] = {}
+        self.table.write_text("{}")
+        argv = [sys.executable, "-m", "swarmrl.sim.delayline", "--queue", "0",
+                "--table", str(self.table), "--stats", str(self.scratch / "stats.json")]  # fmt: skip
+        command = ["ip", "netns", "exec", router, *argv]
+        if group is not None:  # joins its cgroup, then becomes the delay line
+            command = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group), *command]
+        self.process = subprocess.Popen(
+            command, start_new_session=True, stdout=subprocess.PIPE, text=True
+        )
+        ready, _, _ = select.select([self.process.stdout], [], [], start_s)
+        if not ready or self.process.stdout.readline().strip() != "ready":
+            code = self.process.poll()
+            with contextlib.suppress(ProcessLookupError):  # nothing of it stays behind
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise RuntimeError(
+                f"the delay line did not start within {start_s:.0f} s (exit code {code})"
+            )
+
+    def set(self, address: str, rtt_ms: float, jitter_ms: float) -> None:
+        self.links[address] = [rtt_ms, jitter_ms]
+        tmp = self.table.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.links))
+        tmp.replace(self.table)
+        self.process.send_signal(signal.SIGHUP)  # it reads the table again
+
+    def stop(self, stopper) -> dict | None:
+        """Stop it with `stopper(process)`; what it saw, or None if it wrote nothing."""
+        from swarmrl.procs import cpu_s
+
+        used = round(cpu_s(self.process.pid), 2)
+        stopper(self.process)  # it writes its stats as it leaves
+        path = self.scratch / "stats.json"
+        try:
+            stats = json.loads(path.read_text()) | {"cpu_s": used}
+        except (OSError, ValueError):  # recovered: killed before or while writing them
+            stats = None
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return stats
 
 
 def serve(table: Path, queue: int, seed: int, stats: Path | None) -> None:

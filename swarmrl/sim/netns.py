@@ -41,7 +41,8 @@ on Ctrl-C (SIGINT) and on SIGTERM, it stops the processes it started (their whol
 process groups), deletes the namespaces (which removes their links) and removes the
 cgroups. A run that was killed with SIGKILL leaves them behind; every name carries
 the prefix `srl` and the creating process's id, and `sweep()` removes those whose
-process is gone, killing what still runs in them (a new `Network` calls it first).
+process is gone, killing what still runs in them (a new `Network` calls it first;
+sim/teardown.py holds the stopping, removing and sweeping).
 
 The tools: iproute2's `ip` and `tc` (Debian's iproute2), run as root. Where a
 namespace cannot be made, `available()` says why, and `Network` raises
@@ -57,18 +58,24 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarmrl.procs import pid_alive
+from swarmrl.sim.teardown import (  # noqa: F401  (PREFIX, CGROUP_CPU, sweep: the module's API)
+    CGROUP_CPU,
+    PREFIX,
+    ip,
+    kill_all,
+    namespaces,
+    owner,
+    remove_cgroup,
+    stop,
+    sweep,
+)
 
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
-PREFIX = "srl"  # every namespace and cgroup this module makes is named PREFIX<pid>-...
-CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 CFS_PERIOD_US = 100_000
-STOP_GRACE_S = 5.0
 DELAYLINE_START_S = 60.0  # from its start to its queue bound ("ready")
 DELAYLINE_WEIGHT = 32768  # cpu.shares of the delay line: every delayed packet waits on it
 
@@ -114,10 +121,6 @@ class Node:
     processes: list[subprocess.Popen] = field(default_factory=list)
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
-
-
 def _tc(*args: str) -> None:
     subprocess.run(["tc", *args], capture_output=True, text=True, check=True)
 
@@ -132,79 +135,11 @@ def available() -> tuple[bool, str]:
         if shutil.which(tool) is None:
             return False, f"'{tool}' not found: install iproute2 (apt-get install iproute2)"
     probe = f"{PREFIX}{os.getpid()}-probe"
-    made = _ip("netns", "add", probe, check=False)
+    made = ip("netns", "add", probe, check=False)
     if made.returncode != 0:
         return False, f"'ip netns add' failed: {made.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
+    ip("netns", "del", probe, check=False)
     return True, ""
-
-
-def _owner(name: str) -> int | None:
-    """The pid in a name made by this module (PREFIX<pid>-...), or None."""
-    if not name.startswith(PREFIX):
-        return None
-    head = name[len(PREFIX) :].split("-", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
-def namespaces() -> list[str]:
-    """The names of the network namespaces on this machine."""
-    out = _ip("netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def sweep() -> list[str]:
-    """Remove the namespaces and cgroups left by runs whose process is gone (a run
-    killed with SIGKILL); returns what was removed."""
-    gone = []
-    for name in namespaces():
-        pid = _owner(name)
-        if pid is not None and not pid_alive(pid):
-            left = _ip("netns", "pids", name, check=False).stdout.split()
-            _kill_all(int(p) for p in left)  # processes it started, still inside
-            _ip("netns", "del", name, check=False)
-            gone.append(name)
-    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
-        name = line.split(":")[1].strip().split("@")[0]
-        pid = _owner(name[:-1]) if name.endswith("h") else None
-        if pid is not None and not pid_alive(pid):  # a host leg (attach_host)
-            _ip("link", "del", name, check=False)
-            gone.append(name)
-    for scratch in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):  # delay lines' tables
-        pid = _owner(scratch.name)
-        if pid is not None and not pid_alive(pid):
-            shutil.rmtree(scratch, ignore_errors=True)
-            gone.append(str(scratch))
-    if CGROUP_CPU.is_dir():
-        for group in CGROUP_CPU.glob(f"{PREFIX}*"):
-            pid = _owner(group.name)
-            if pid is not None and not pid_alive(pid):
-                _kill_all(int(p) for p in _tasks(group))
-                _remove_cgroup(group)
-                gone.append(str(group))
-    return gone
-
-
-def _tasks(group: Path) -> list[str]:
-    return [t for f in group.rglob("cgroup.procs") for t in f.read_text().split()]
-
-
-def _kill_all(pids) -> None:
-    pids = list(pids)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)  # a killed process leaves its namespace and cgroup as it is reaped
-
-
-def _remove_cgroup(group: Path) -> None:
-    for child in sorted(group.glob("*/"), reverse=True):
-        if (child / "cgroup.procs").exists():
-            _remove_cgroup(child)
-    with contextlib.suppress(OSError):
-        group.rmdir()
 
 
 class Network:
@@ -228,10 +163,8 @@ class Network:
         self._hosts = SUBNET.hosts()
         self._taken: set[str] = set()
         self._closed = False
-        self._delays: dict[str, list[float]] = {}  # address -> [rtt_ms, jitter_ms]
-        self._delayline: subprocess.Popen | None = None
+        self._delayline = None  # sim/delayline.py's DelayLineProcess, once a link is delayed
         self._filtering = False
-        self._scratch: Path | None = None  # the delay line's table and stats
         self._stats: dict | None = None
         self._leg = ""
         self._old_handlers: dict[int, object] = {}
@@ -244,9 +177,9 @@ class Network:
             with contextlib.suppress(ValueError):  # not the main thread: the caller's job
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
         try:
-            _ip("netns", "add", self.router)
-            _ip("-n", self.router, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.router, "link", "set", "br0", "up")
+            ip("netns", "add", self.router)
+            ip("-n", self.router, "link", "add", "br0", "type", "bridge")
+            ip("-n", self.router, "link", "set", "br0", "up")
         except BaseException:
             self.close()
             raise
@@ -272,27 +205,19 @@ class Network:
         self._closed = True
         for node in self.nodes.values():
             for p in node.processes:
-                _stop(p)
+                stop(p)
         for node in self.nodes.values():  # what others started there (a supervisor's)
-            _kill_all(
-                int(p) for p in _ip("netns", "pids", node.namespace, check=False).stdout.split()
+            kill_all(
+                int(p) for p in ip("netns", "pids", node.namespace, check=False).stdout.split()
             )
-            _ip("netns", "del", node.namespace, check=False)
-        used = None
+            ip("netns", "del", node.namespace, check=False)
         if self._delayline is not None:
-            used = _cpu_s(self._delayline.pid)
-            _stop(self._delayline)  # it writes its stats as it leaves
+            self._stats = self._delayline.stop(stop)
         if self._leg:  # a namespace is destroyed later, by the kernel: its links too
-            _ip("link", "del", self._leg, check=False)
-        _ip("netns", "del", self.router, check=False)
+            ip("link", "del", self._leg, check=False)
+        ip("netns", "del", self.router, check=False)
         if self.cgroup is not None:
-            _remove_cgroup(self.cgroup)
-        if self._scratch is not None:
-            stats = self._scratch / "stats.json"
-            self._stats = json.loads(stats.read_text()) if stats.exists() else None
-            if self._stats is not None:
-                self._stats["cpu_s"] = used
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            remove_cgroup(self.cgroup)
         for sig, old in self._old_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, old)
@@ -327,16 +252,14 @@ class Network:
         node = Node(name, f"{self.tag}-n{index}", self._address(block), link, cpu)
         self.nodes[name] = node
         peer = f"v{index}"
-        _ip("netns", "add", node.namespace)
-        _ip("link", "add", "eth0", "netns", node.namespace, "type", "veth",
+        ip("netns", "add", node.namespace)
+        ip("link", "add", "eth0", "netns", node.namespace, "type", "veth",
             "peer", "name", peer, "netns", self.router)  # fmt: skip
-        _ip("-n", self.router, "link", "set", peer, "master", "br0")
-        _ip("-n", self.router, "link", "set", peer, "up")
-        _ip(
-            "-n", node.namespace, "addr", "add", f"{node.address}/{SUBNET.prefixlen}", "dev", "eth0"
-        )
-        _ip("-n", node.namespace, "link", "set", "eth0", "up")
-        _ip("-n", node.namespace, "link", "set", "lo", "up")
+        ip("-n", self.router, "link", "set", peer, "master", "br0")
+        ip("-n", self.router, "link", "set", peer, "up")
+        ip("-n", node.namespace, "addr", "add", f"{node.address}/{SUBNET.prefixlen}", "dev", "eth0")
+        ip("-n", node.namespace, "link", "set", "eth0", "up")
+        ip("-n", node.namespace, "link", "set", "lo", "up")
         if link.mbit is not None:
             _shape(node.namespace, "eth0", link.mbit)  # what the node sends
             _shape(self.router, peer, link.mbit)  # what it receives
@@ -376,11 +299,7 @@ class Network:
                           "--probability", f"{node.link.loss:.6f}", "-j", "DROP")  # fmt: skip
         if node.link.delayed:
             self._start_delayline()
-            self._delays[node.address] = [node.link.rtt_ms, node.link.jitter_ms]
-            table = self._scratch / "delays.json"
-            table.with_suffix(".tmp").write_text(json.dumps(self._delays))
-            table.with_suffix(".tmp").replace(table)
-            self._delayline.send_signal(signal.SIGHUP)  # it reads the table again
+            self._delayline.set(node.address, node.link.rtt_ms, node.link.jitter_ms)
 
     def cut(self, names: list[str]) -> None:
         """A partition: nothing `names` send or are sent crosses the bridge until
@@ -415,7 +334,8 @@ class Network:
 
     def _start_delayline(self) -> None:
         import importlib.util
-        import sys
+
+        from swarmrl.sim.delayline import DelayLineProcess
 
         if self._delayline is not None:
             return
@@ -424,32 +344,18 @@ class Network:
                 "delayed links need NetfilterQueue (make netqueue: libnetfilter-queue-dev, "
                 "then pip install netfilterqueue)"
             )
-        self._scratch = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
-        (self._scratch / "delays.json").write_text("{}")
-        argv = [sys.executable, "-m", "swarmrl.sim.delayline", "--queue", "0",
-                "--table", str(self._scratch / "delays.json"),
-                "--stats", str(self._scratch / "stats.json")]  # fmt: skip
-        command = ["ip", "netns", "exec", self.router, *argv]
+        group = None
         if CGROUP_CPU.is_dir():  # it carries every packet: it comes first for the CPU
             if self.cgroup is None:
                 self.cgroup = CGROUP_CPU / self.tag
                 self.cgroup.mkdir()
-            group = self.cgroup / "delayline"
-            group.mkdir()
-            (group / "cpu.shares").write_text(str(DELAYLINE_WEIGHT))
-            command = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"),
-                       *command]  # fmt: skip
-        self._delayline = subprocess.Popen(
-            command, start_new_session=True, stdout=subprocess.PIPE, text=True
-        )
-        import select
-
-        ready, _, _ = select.select([self._delayline.stdout], [], [], DELAYLINE_START_S)
-        if not ready or self._delayline.stdout.readline().strip() != "ready":
-            raise NetworkUnavailable(  # close() stops it
-                f"the delay line did not start within {DELAYLINE_START_S:.0f} s "
-                f"(exit code {self._delayline.poll()})"
-            )
+            (self.cgroup / "delayline").mkdir()
+            (self.cgroup / "delayline" / "cpu.shares").write_text(str(DELAYLINE_WEIGHT))
+            group = self.cgroup / "delayline" / "cgroup.procs"
+        try:
+            self._delayline = DelayLineProcess(self.router, self.tag, group, DELAYLINE_START_S)
+        except RuntimeError as e:
+            raise NetworkUnavailable(str(e)) from None
         # every bridged packet goes through it; no bypass: without it nothing crosses
         _iptables(self.router, "-A", "FORWARD", "-m", "physdev", "--physdev-is-bridged",
                   "-j", "NFQUEUE", "--queue-num", "0")  # fmt: skip
@@ -474,7 +380,8 @@ class Network:
             if "--probability" in words and f"v{index}" in words:
                 way = words[words.index(f"v{index}") - 1]
                 loss[way] = float(words[words.index("--probability") + 1])
-        rtt, jitter = self._delays.get(node.address, [0.0, 0.0])
+        links = self._delayline.links if self._delayline else {}
+        rtt, jitter = links.get(node.address, [0.0, 0.0])
         return {"rtt_ms": rtt, "jitter_ms": jitter,
                 "loss_up": loss.get("--physdev-in", 0.0),
                 "loss_down": loss.get("--physdev-out", 0.0)}  # fmt: skip
@@ -523,11 +430,11 @@ class Network:
         the host's address there. One network per process may do this."""
         address = str(SUBNET.broadcast_address - 1)
         leg = self._leg = f"{self.tag.split('-')[0]}h"  # PREFIX<pid>h: at most 15 characters
-        _ip("link", "add", leg, "type", "veth", "peer", "name", "host", "netns", self.router)
-        _ip("-n", self.router, "link", "set", "host", "master", "br0")
-        _ip("-n", self.router, "link", "set", "host", "up")
-        _ip("addr", "add", f"{address}/{SUBNET.prefixlen}", "dev", leg)
-        _ip("link", "set", leg, "up")
+        ip("link", "add", leg, "type", "veth", "peer", "name", "host", "netns", self.router)
+        ip("-n", self.router, "link", "set", "host", "master", "br0")
+        ip("-n", self.router, "link", "set", "host", "up")
+        ip("addr", "add", f"{address}/{SUBNET.prefixlen}", "dev", leg)
+        ip("link", "set", leg, "up")
         return address
 
     def shaping(self, node: Node) -> dict[str, float | None]:
@@ -539,20 +446,11 @@ class Network:
         }
 
 
-def _cpu_s(pid: int) -> float | None:
-    """CPU seconds (user and system) process `pid` has used, None if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
-
-
 def _one_segment(node: Node) -> None:
     """What `node` sends leaves as packets of one segment each (no TCP segmentation
     offload): loss and delay then act on the packets a real link carries, not on
     64 kB batches of them."""
-    _ip("-n", node.namespace, "link", "set", "dev", "eth0", "gso_max_segs", "1")
+    ip("-n", node.namespace, "link", "set", "dev", "eth0", "gso_max_segs", "1")
 
 
 def _iptables(namespace: str, *args: str) -> None:
@@ -575,15 +473,3 @@ def _rate(namespace: str, dev: str) -> float | None:
         if q.get("kind") == "tbf":
             return q["options"]["rate"] * 8 / 1_000_000  # bytes/s -> Mbit/s
     return None
-
-
-def _stop(p: subprocess.Popen) -> None:
-    """SIGTERM to the process's group, SIGKILL after STOP_GRACE_S; the group is killed
-    even when its first process has ended, so that none of its children stays."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        p.wait(STOP_GRACE_S)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, signal.SIGKILL)
-    p.wait()

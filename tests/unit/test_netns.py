@@ -151,8 +151,8 @@ def test_a_link_delays_jitters_and_loses_what_it_was_set_to():
         healed = net.run(client, [sys.executable, "-c", PINGS, server.address, "5", "0"],
                          capture_output=True, text=True, timeout=60).stdout  # fmt: skip
         assert len(json.loads(healed)["rtts"]) >= 3  # 5 pings, each 10% lost
-        net._delayline.kill()
-        net._delayline.wait()
+        net._delayline.process.kill()
+        net._delayline.process.wait()
         quiet = net.run(client, [sys.executable, "-c", PINGS, server.address, "2", "10"],
                         capture_output=True, text=True, timeout=60).stdout  # fmt: skip
         assert json.loads(quiet) == {"rtts": [], "echoed": 0}
