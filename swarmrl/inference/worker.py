@@ -65,6 +65,7 @@ from swarmrl.inference.rows import (  # noqa: F401  (the seam: sim/ and the benc
 )
 from swarmrl.inference.trajectory import check_turns
 from swarmrl.models.loading import ModelLoadError, load_tokenizer, resolve_model_path
+from swarmrl.procs import process_started
 from swarmrl.protocol.assign import Assignment
 from swarmrl.protocol.client import OrchestratorClient, OrchestratorError
 from swarmrl.protocol.identity import load_or_create_key, public_key_hex
@@ -416,20 +417,6 @@ def join_run(
         backend=backend, threads=threads, device=where, work=work, after_load=after_load,
         files_log=home / "files.jsonl",
     )  # fmt: skip
-
-
-def process_started() -> float:
-    """When this process started (Linux: /proc, its start in ticks after boot), or now
-    where /proc cannot say."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
-            if x.startswith("btime ")
-        )  # fmt: skip
-    except (OSError, ValueError, IndexError, StopIteration):  # recovered: not Linux
-        return time.time()
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def run_worker(

@@ -174,9 +174,9 @@ def _orchestrator_setup(
     if not o.trainer_keys:
         own.append("orchestrator.trainer_keys=" + json.dumps([public_key_hex(trainer_key(cfg))]))
     # its dishonest workers (--cheaters) are strangers: they get nothing a new key would not
-    homes = [cfg.run_dir / "nodes" / name for name in nodes if not name.startswith("cheater-")]
-    if not cfg.launcher.trust_own_workers:  # strangers all: each pays and waits as a new key
-        homes = []
+    # with launcher.trust_own_workers off, its honest workers are strangers too
+    trust = cfg.launcher.trust_own_workers
+    homes = [cfg.run_dir / "nodes" / n for n in nodes if trust and not n.startswith("cheater-")]
     if cfg.shardcast.enabled:  # its own relays too: they pay no proof of work
         homes += [cfg.paths.relays / f"relay-{i}" for i in range(cfg.shardcast.relays)]
     trusted = [public_key_hex(load_or_create_key(h / "node.key")) for h in homes]

@@ -282,6 +282,24 @@ def test_the_launcher_trusts_its_own_workers_and_allows_its_relays_host(tmp_path
     assert refusal("http://10.0.0.1:9000", nets) is not None
 
 
+def test_with_trust_own_workers_off_only_the_launchers_relays_are_trusted(tmp_path):
+    """The open swarm's launcher (`launcher.trust_own_workers=false`): its honest
+    workers join as strangers, like its cheaters; its relay stays trusted."""
+    import json as _json
+
+    from swarmrl.config import load_config
+    from swarmrl.launch.swarm import plan_swarm
+
+    cfg = load_config(None, [f"runs_dir={_json.dumps(str(tmp_path))}", "name=p",
+                             "launcher.workers=2", "shardcast.relays=1",
+                             "launcher.trust_own_workers=false"])  # fmt: skip
+    (cfg.run_dir / "logs").mkdir(parents=True)
+    args = plan_swarm(cfg, None, [], False, ["other-model"]).orchestrator.argv
+    trusted = _json.loads(next(a for a in args if a.startswith("orchestrator.trusted_workers="))
+                          .split("=", 1)[1])  # fmt: skip
+    assert trusted == [pubhex(_key(cfg.paths.relays / "relay-0"))]
+
+
 def _key(home):
     from swarmrl.protocol.identity import load_or_create_key
 
