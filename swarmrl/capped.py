@@ -20,21 +20,27 @@ Arrow allocates from the system allocator there, with a fixed mmap threshold and
 one malloc arena, so that freed buffers leave the address space and the count
 stays close to what is in use.
 
-A refusal (`CappedRefusal`) is the function's own reason, or: an allocation over
-the cap, an error the function raised, `timeout_s` passed (the child is killed), or
-the child died. When the child had served earlier requests, the last four are
-tried once more in a fresh child before they stand, so that no answer depends on
-what an earlier request did. Each answer carries the child's peak resident memory
-during the call (`Capped.last_peak_bytes`), which the tests and benchmarks compare
-with the cap.
+Who is to blame. A refusal (`CappedRefusal`) is the function's own reason: the
+`ValueError` it raised, which names what the input holds. Everything else says
+nothing provable about the input and is a `CappedFailure`: an allocation over the
+cap (the function checks the sizes the input declares before it allocates, and
+refuses those itself), another exception (a fault in our decoding or in pyarrow),
+`timeout_s` passed (the child is killed), or the child died. A caller must not
+blame the sender for a failure (the validator calls such a file `unverifiable`,
+the trainer leaves it for later), and it counts against the sender's standing
+instead, so that failures are no free work for an attacker. When the child had
+served earlier requests, a failure other than a timeout is tried once more in a
+fresh child within what is left of the same deadline, so that no answer depends
+on what an earlier request did; one call never takes much longer than
+`timeout_s` in all. Each answer carries the child's peak resident memory during
+the call (`Capped.last_peak_bytes`), which the tests and benchmarks compare with
+the cap.
 
-What is not the input's fault is not a refusal: a target that cannot be imported,
-or a cap that cannot be set (not Linux: the cap is RLIMIT_AS and the sizes are
-read from /proc), raises `CappedUnavailable`. Nothing is decoded then, so it fails
-closed, and a caller that would blame the sender for a refusal (the trainer, the
-validator) does not blame an honest one for this machine's fault. The child runs
-trusted code (ours and pyarrow's) on untrusted bytes; it is not a sandbox against
-code execution.
+What is not the input's fault at all, a target that cannot be imported or a cap
+that cannot be set (not Linux: the cap is RLIMIT_AS and the sizes are read from
+/proc), raises `CappedUnavailable`, a kind of failure. Nothing is decoded then,
+so it fails closed. The child runs trusted code (ours and pyarrow's) on untrusted
+bytes; it is not a sandbox against code execution.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import time
 REQUEST = struct.Struct(">QQ")  # header length, data length
 ANSWER = struct.Struct(">cQQQ")  # status, payload length, resident bytes before, peak during
 OK, REFUSED, MEMORY, ERROR, UNAVAILABLE = b"o", b"r", b"m", b"e", b"u"
+DIED, TIMEOUT = b"d", b"t"  # the parent's own: no answer came
 CHILD_ENV = {
     "ARROW_DEFAULT_MEMORY_POOL": "system",
     "MALLOC_ARENA_MAX": "1",
@@ -64,10 +71,15 @@ MAX_HEADER_BYTES = 1 << 20
 
 
 class CappedRefusal(ValueError):
-    """Input the capped function refused, or that it could not decode within its cap."""
+    """Input the capped function refused, for the reason it gave: the input's fault."""
 
 
-class CappedUnavailable(RuntimeError):
+class CappedFailure(RuntimeError):
+    """No answer, and no proof that the input is at fault: over the cap, an internal
+    error, the deadline, or the child's death."""
+
+
+class CappedUnavailable(CappedFailure):
     """The capped child cannot run the request at all (no cap on this system, or the
     target does not import): this machine's fault, not the input's."""
 
@@ -83,36 +95,43 @@ class Capped:
     def call(
         self, target: str, data: bytes, params: dict, memory_bytes: int, timeout_s: float
     ) -> bytes:
-        """`target(data, params)` in the child under `memory_bytes` of address space;
-        its answer, or CappedRefusal with the reason."""
+        """`target(data, params)` in the child under `memory_bytes` of address space, by
+        `timeout_s`: its answer, CappedRefusal with the function's reason, or
+        CappedFailure (CappedUnavailable) when there is no answer to blame on the input."""
         header = json.dumps({"target": target, "params": params, "memory": memory_bytes})
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             try:
                 fresh = self._child is None or self._child.poll() is not None
-                status, payload = self._once(header.encode(), data, memory_bytes, timeout_s)
-                if status in (MEMORY, ERROR, None) and not fresh:
-                    # not the function's own reason: the same request again in a fresh child
+                status, payload = self._once(header.encode(), data, memory_bytes, deadline)
+                left = deadline - time.monotonic()
+                if status in (MEMORY, ERROR, DIED) and not fresh and left > 0:
+                    # not the function's own reason: the same request again in a fresh
+                    # child, within the same deadline (a timeout is not tried again)
                     self._stop()
-                    status, payload = self._once(header.encode(), data, memory_bytes, timeout_s)
-                if status in (MEMORY, ERROR, UNAVAILABLE, None):
+                    status, payload = self._once(header.encode(), data, memory_bytes, deadline)
+                if status in (MEMORY, ERROR, UNAVAILABLE, DIED, TIMEOUT):
                     self._stop()  # a child that hit its cap or failed is not reused
             except BaseException:
                 self._stop()  # interrupted mid-request: the pipe's framing is lost
                 raise
         if status == OK:
             return payload
+        if status == TIMEOUT:
+            payload = f"decoding took longer than {timeout_s:.0f} s".encode()
         reason = payload.decode("utf-8", "replace")
         if status == UNAVAILABLE:
             raise CappedUnavailable(reason)
-        raise CappedRefusal(reason)
+        if status == REFUSED:
+            raise CappedRefusal(reason)
+        raise CappedFailure(reason)
 
     def _once(
-        self, header: bytes, data: bytes, memory_bytes: int, timeout_s: float
-    ) -> tuple[bytes | None, bytes]:
-        """One request: (status, payload); status None with the reason when the child
-        died or ran out of time."""
+        self, header: bytes, data: bytes, memory_bytes: int, deadline: float
+    ) -> tuple[bytes, bytes]:
+        """One request by `deadline` (time.monotonic): (status, payload); status DIED
+        or TIMEOUT, with the reason, when the child gave no answer."""
         child = self._start()
-        deadline = time.monotonic() + timeout_s
         # written from a thread, so that a child that stops reading cannot hold the
         # caller past its deadline: killing the child ends the write
         writer = threading.Thread(
@@ -124,14 +143,14 @@ class Capped:
             status, size, before, peak = ANSWER.unpack(head)
             if size > memory_bytes + MAX_HEADER_BYTES:
                 self._stop()
-                return None, b"the decoder answered more than its cap"
+                return DIED, b"the decoder answered more than its cap"
             payload = _read(child.stdout, size, deadline)
         except TimeoutError:
             self._stop()
-            return None, f"decoding took longer than {timeout_s:.0f} s".encode()
+            return TIMEOUT, b"decoding ran past its deadline"
         except (OSError, EOFError, struct.error):
             code = self._stop()
-            return None, f"the decoder died ({_exit_text(code)})".encode()
+            return DIED, f"the decoder died ({_exit_text(code)})".encode()
         finally:
             writer.join()
         self.last_peak_bytes = max(0, peak - before)

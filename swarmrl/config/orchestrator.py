@@ -182,11 +182,12 @@ class OrchestratorConfig(Section):
         4.0,
         ge=1.0,
         le=1e6,
-        description="A worker whose files are refused without blame (unverifiable, or "
-        "refused by the trainer; not the validator's own error) this many times more often "
-        "than the swarm's files (at least blameless_min of them; recent counts: they halve "
-        "at 100 files a node, 10,000 the swarm) goes back to probation and waits, as after "
-        "an expired assignment.",
+        description="A worker whose files are refused without blame (unverifiable, the "
+        "validator's own error, or refused by the trainer) this many times more often "
+        "than the swarm's files (the swarm's rate held between 1% and 5%, so that many "
+        "keys cannot raise it together; at least blameless_min of them; recent counts: "
+        "they halve at 100 files a node, 10,000 the swarm) goes back to probation and "
+        "waits, as after an expired assignment.",
     )
     blameless_min: int = Field(
         3,

@@ -27,13 +27,12 @@ from pathlib import Path
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 
-from swarmrl.capped import CappedUnavailable
 from swarmrl.orchestrator import work
 from swarmrl.orchestrator.admission import measured_pace
 from swarmrl.orchestrator.auth import require_operator
 from swarmrl.orchestrator.objects import ObjectError
 from swarmrl.orchestrator.service import ApiError, Recent, Service, stored_object
-from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts
+from swarmrl.protocol.rollouts import Limits, RolloutFileError, RolloutUnreadable, read_rollouts
 
 STATIC = Path(__file__).parent / "static"
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -343,8 +342,9 @@ def rollout_view(svc: Service, key: str) -> dict:
         except RolloutFileError as e:  # a rejected file may be malformed: say so, show nothing
             _refused[digest] = f"the file does not read as rollouts: {e}"
             return {**head, "samples": [], "gone": _refused[digest]}
-        except CappedUnavailable as e:
-            raise ApiError(503, f"rollout files cannot be decoded on this machine: {e}") from None
+        except RolloutUnreadable as e:  # kept too: a public page must not decode it again
+            _refused[digest] = f"the file could not be decoded here: {e}"
+            return {**head, "samples": [], "gone": _refused[digest]}
         samples = [
             {**{f: r[f] for f in SAMPLE_FIELDS}, "index": i,
              "prompt": r["prompt"][:TEXT_CHARS], "completion": r["completion"][:TEXT_CHARS],

@@ -124,13 +124,13 @@ def record_verdict(svc: Service, validator: str, verdict: dict) -> dict:
             " reason = ? WHERE key = ?",
             (blob, v.check, v.reason[:1000], v.key),
         )
-        # the validator's own failure or doubt (BLAMELESS_CHECKS): refused, no one punished.
-        # Doubt is counted: a node whose files are unverifiable far more often than the
-        # swarm's goes back to probation. The validator's own error says nothing of the node.
+        # the validator's own failure or doubt (BLAMELESS_CHECKS): refused, no one punished,
+        # and counted: a node whose files are refused without blame far more often than
+        # the swarm's goes back to probation (judgement.py), so that such files are no
+        # free work for an attacker who found a way to make them
         if v.check in BLAMELESS_CHECKS:
             ejected = False
-            if v.check == "unverifiable":
-                record_judgement(svc, cur, node, True, svc.clock())
+            record_judgement(svc, cur, node, True, svc.clock())
         else:
             ejected = _eject(svc, cur, node, v)
     _purge_late(svc, v.key, policy)

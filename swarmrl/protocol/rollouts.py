@@ -29,10 +29,14 @@ elements stored as one run, or a footer that understates all of these. So:
   `ROW_BYTES` for the rest. A reader may lower it (`max_decoded`).
 - The file is decoded in a child process whose address space is capped at
   `decode_memory(budget)` (swarmrl/capped.py): whatever its headers claim, an
-  allocation past the cap fails and the file is refused. In the child the footer's
+  allocation past the cap fails and the file is not read. In the child the footer's
   value counts and sizes are checked first, then the text columns are read as
   dictionaries (a value repeated in every row is held once) and what they expand
-  to is counted before any is expanded, and the whole must fit the budget.
+  to is counted before any is expanded, and the whole must fit the budget. Sizes
+  the file declares past the budget are its fault (`RolloutFileError`); a cap,
+  deadline or crash reached without such a declaration proves nothing about the
+  file (`RolloutUnreadable`: no one is blamed, and it counts against the sender's
+  standing, orchestrator/judgement.py).
 - Only then are the columns sent back (Arrow IPC) and turned into rows, which
   in Python take up to about 10 times their decoded size (an int is 28 bytes).
 """
@@ -88,12 +92,21 @@ PROOF_BYTES_PER_TOKEN = 32  # ...for proofs (TOPLOC: 258 bytes per 32 tokens)
 ROW_BYTES = 4096  # ...for the short strings, the numbers and the offsets of a row
 DECODE_SLACK = 64 * 1024 * 1024  # the decoding child's memory beyond four times the budget
 DECODE_TIMEOUT_S = 120.0
+DECODE_TARGET = "swarmrl.protocol.rollouts:decode_in_child"  # what the capped child runs
 TEXT_COLUMNS = ("problem_id", "node", "task_type", "prompt", "completion", "proofs")
 LIST_COLUMNS = ("prompt_tokens", "completion_tokens", "completion_logprobs", "completion_mask")
 
 
 class RolloutFileError(ValueError):
-    """A rollout file that must not be trained on; the message says why."""
+    """A rollout file that must not be trained on; the message says why, from what the
+    file holds: its sender is to blame."""
+
+
+class RolloutUnreadable(RuntimeError):
+    """The reader could not decide on the file (its decoder died, ran past its
+    deadline or over its memory cap, or failed in our own code): no one is to blame,
+    and the file is not used now (the validator calls it `unverifiable`, the trainer
+    tries it once more later)."""
 
 
 @dataclass(frozen=True)
@@ -176,11 +189,15 @@ def file_version(schema: pa.Schema) -> int:
 
 
 def read_rollouts(
-    data: bytes, limits: Limits = Limits(), max_decoded: int | None = None
+    data: bytes,
+    limits: Limits = Limits(),
+    max_decoded: int | None = None,
+    timeout_s: float = DECODE_TIMEOUT_S,
 ) -> list[dict]:
     """Parse and validate a rollout file; return its rows. It is decoded within
     `decoded_budget(limits)` bytes, or `max_decoded` if that is lower, in the capped
-    child (`decode_memory` of the budget: the module's docstring)."""
+    child (`decode_memory` of the budget: the module's docstring), by `timeout_s`.
+    RolloutFileError: the file is at fault; RolloutUnreadable: no decision."""
     if len(data) > MAX_FILE_BYTES:
         raise RolloutFileError(f"file is {len(data)} bytes, over the {MAX_FILE_BYTES} limit")
     budget = decoded_budget(limits)
@@ -188,12 +205,11 @@ def read_rollouts(
         budget = min(budget, max_decoded)
     params = {"limits": asdict(limits), "max_decoded": budget}
     try:
-        answer = capped.shared().call(
-            "swarmrl.protocol.rollouts:decode_in_child", data, params,
-            decode_memory(budget), DECODE_TIMEOUT_S,
-        )  # fmt: skip
+        answer = capped.shared().call(DECODE_TARGET, data, params, decode_memory(budget), timeout_s)
     except capped.CappedRefusal as e:
         raise RolloutFileError(str(e)) from None
+    except capped.CappedFailure as e:
+        raise RolloutUnreadable(str(e)) from None
     try:
         table = pa.ipc.open_stream(pa.py_buffer(answer)).read_all()
         rows = table.to_pylist()

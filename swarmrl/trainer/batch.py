@@ -8,8 +8,12 @@ n − async_level, in key order (step, node, counter), and for each
 - with validators, takes it only if a trusted validator signed an acceptance
   of exactly these bytes (or, with spot-checking, if the orchestrator did not
   draw it for validation),
-- reads it with the run's limits; a file that fails is reported to the
-  orchestrator as rejected (logged, counted; the run goes on),
+- reads it with the run's limits within `READ_TIMEOUT_S`; a file that fails is
+  reported to the orchestrator as rejected (logged, counted; the run goes on). A
+  file the reader could not decide on (its decoder died, ran out of time or
+  memory: `RolloutUnreadable`) is skipped and tried once more when the queue
+  lists it again (the next step); a second failure refuses it without blame (a
+  hostile file holds the collection for at most twice `READ_TIMEOUT_S` in all),
 - marks it consumed for step n (`POST /v1/trainer/consume`): a file voided
   meanwhile (its node was caught cheating) is not used,
 - drops groups whose rewards are all equal (zero advantage: online filtering),
@@ -39,12 +43,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from swarmrl.protocol.assign import parse_rollout_key
-from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts, sha256
+from swarmrl.protocol.rollouts import (
+    Limits,
+    RolloutFileError,
+    RolloutUnreadable,
+    read_rollouts,
+    sha256,
+)
 from swarmrl.protocol.verdict import read_verdict
 from swarmrl.tasks.curriculum import GroupOutcome
 from swarmrl.trainer.advantages import centred_rewards, has_signal
 
 log = logging.getLogger("swarmrl.trainer")
+# an honest file of the largest shape decodes in about a second on a loaded CPU; past
+# this the reader gives up on it for now (it is not the sender's fault: module doc)
+READ_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -165,6 +178,8 @@ class BatchCollector:
         self.async_level = async_level
         self.poll_s = poll_s
         self.carry: list[list[Sample]] = []  # groups with signal, read but not yet trained on
+        self.read_timeout_s = READ_TIMEOUT_S
+        self.unreadable: dict[str, int] = {}  # key -> reads that gave no decision
 
     def reject(self, key: str, reason: str) -> None:
         self.queue.reject(key, reason)
@@ -176,6 +191,10 @@ class BatchCollector:
         batch = Batch()
         t0 = last_note = time.time()
         self.taken = {h: p for h, p in self.taken.items() if p >= step - self.async_level}
+        self.unreadable = {
+            k: n for k, n in self.unreadable.items()
+            if (parse_rollout_key(k) or {"policy": -1})["policy"] >= step - self.async_level
+        }  # fmt: skip
         carried, self.carry = self.carry, []
         for group in carried:
             if group[0].policy_step < step - self.async_level:
@@ -243,7 +262,14 @@ class BatchCollector:
                 raise RolloutFileError("these bytes were trained on already (a replay)")
             if self.validators is not None:
                 self._check_verdict(f, digest)
-            rows = read_rollouts(data, self.limits)
+            try:
+                rows = read_rollouts(data, self.limits, timeout_s=self.read_timeout_s)
+            except RolloutUnreadable as e:
+                self.unreadable[f.key] = tries = self.unreadable.get(f.key, 0) + 1
+                if tries < 2:  # skipped: the queue lists it again at the next step
+                    log.warning("%s could not be read (%s); tried again later", f.key, e)
+                    return
+                raise RolloutFileError(f"unreadable twice, no one blamed: {e}") from None
             if any(r["policy_step"] != info["policy"] for r in rows):
                 raise RolloutFileError("policy_step column disagrees with the file's key")
             # the trainer's log-probs are taken at the file's temperature and nucleus: an

@@ -1,7 +1,11 @@
 """The checks of one rollout file, cheapest first; the first that fails decides.
 
 1. schema and limits: protocol/rollouts.py reads the file without trusting it
-   (types, lengths, whole groups of group_size, finite numbers);
+   (types, lengths, whole groups of group_size, finite numbers). A reader that
+   fails on its own side (its decoding child died, ran past `decode_timeout_s`
+   or its memory cap, or our code raised) proves nothing against the sender:
+   the file is `unverifiable`, blameless, and counted against the sender's
+   standing (orchestrator/judgement.py);
 2. identity: the key names the node, step, policy and group count that the
    rows claim;
 3. replay: never reaches a validator: the orchestrator refuses a second file
@@ -19,7 +23,9 @@
    exactly what the environment answers the span before it, recomputed here
    with the validator's own tools and limits (check `environment`);
 6. rewards: the validator decodes the tokens itself, re-scores with the
-   task's verifier and the length rule, and compares;
+   task's verifier and the length rule, and compares; a grading process that
+   gives no answer here (the run's reward function or math-verify past its
+   time limit) makes the file `unverifiable`, raised last as in 5;
 7. proofs: one prefill of the claimed policy over prompt + completion[:-1];
    TOPLOC chunk checks (toploc/proof.py) on the final-norm states;
 8. sampling: every model token (a trajectory's environment tokens are
@@ -60,9 +66,16 @@ from swarmrl.inference.trajectory import replay
 from swarmrl.models.prompting import decode_completion, model_replies
 from swarmrl.protocol.assign import parse_rollout_key
 from swarmrl.protocol.prompts import assigned_prompts
-from swarmrl.protocol.rollouts import Limits, RolloutFileError, read_rollouts
+from swarmrl.protocol.rollouts import (
+    DECODE_TIMEOUT_S,
+    Limits,
+    RolloutFileError,
+    RolloutUnreadable,
+    read_rollouts,
+)
 from swarmrl.protocol.sampler import SamplerState, SamplerStateError
 from swarmrl.protocol.seeds import derive_seed
+from swarmrl.tasks.graders.checker import RewardUnavailable
 from swarmrl.tasks.graders.registry import verify
 from swarmrl.tasks.length import length_penalty
 from swarmrl.toploc.proof import Thresholds, check_proofs_many, decode, split_proofs
@@ -116,6 +129,7 @@ class Context:
     hidden_size: int
     max_batch_tokens: int = 16384
     max_prompt_tokens: int = 4096
+    decode_timeout_s: float = DECODE_TIMEOUT_S  # the file's decoding, at most
     issued: dict | None = None  # the file's assignment as the orchestrator issued it
 
     def with_issued(self, issued: dict) -> Context:
@@ -142,14 +156,16 @@ def check_without_model(ctx: Context, key: str, data: bytes) -> tuple[dict, list
     if info is None:
         raise Reject("identity", f"unrecognised rollout key {key!r}")
     try:
-        rows = read_rollouts(data, ctx.limits())
+        rows = read_rollouts(data, ctx.limits(), timeout_s=ctx.decode_timeout_s)
     except RolloutFileError as e:
         raise Reject("schema", str(e)) from None
+    except RolloutUnreadable as e:  # nothing else can be checked: no one is blamed
+        raise Reject("unverifiable", f"the file could not be read here: {e}") from None
     _check_identity(ctx, info, rows)
     plan = _check_assignment(ctx, info, rows)
     _check_termination(ctx, rows)
-    info["unverifiable"] = _check_environment(ctx, rows, plan)
-    _check_rewards(ctx, rows, plan)
+    unsettled = _check_environment(ctx, rows, plan)
+    info["unverifiable"] = _check_rewards(ctx, rows, plan) or unsettled
     return info, rows
 
 
@@ -259,9 +275,14 @@ def _check_environment(ctx: Context, rows: list[dict], plan) -> Reject | None:
     return None
 
 
-def _check_rewards(ctx: Context, rows: list[dict], plan) -> None:
+def _check_rewards(ctx: Context, rows: list[dict], plan) -> Reject | None:
+    """Re-scores every sample; a reward the verifier could not give here (the run's
+    reward function past its time limit, or its process dead) is not the sender's
+    fault: the first such sample ends the scoring (each could take the function's time
+    limit) and is returned as the `unverifiable` refusal, for the caller to raise last;
+    a wrong reward among the samples scored before it is still blamed."""
     lr = ctx.cfg.length_reward
-    wrong_text, wrong_reward = [], []
+    wrong_text, wrong_reward, unsettled = [], [], []
     for i, r in enumerate(rows):
         text = decode_completion(ctx.tokenizer, r["completion_tokens"])
         if text != r["completion"]:
@@ -270,7 +291,11 @@ def _check_rewards(ctx: Context, rows: list[dict], plan) -> None:
         penalty = length_penalty(lr.mode, len(r["completion_tokens"]), r["target_length"], lr.coef)
         mask = r["completion_mask"] if ctx.cfg.env.kind != "none" else None
         replies = model_replies(ctx.tokenizer, r["completion_tokens"], mask)
-        task_reward = verify(plan[r["group"]].task, text, replies)
+        try:
+            task_reward = verify(plan[r["group"]].task, text, replies, strict=True)
+        except RewardUnavailable:  # the rest is not scored: the file is refused anyway,
+            unsettled.append(i)  # and each call could take the reward's time limit
+            break
         if not (
             math.isclose(r["task_reward"], task_reward, abs_tol=REWARD_TOLERANCE)
             and math.isclose(r["length_penalty"], penalty, abs_tol=REWARD_TOLERANCE)
@@ -279,6 +304,10 @@ def _check_rewards(ctx: Context, rows: list[dict], plan) -> None:
             wrong_reward.append(i)
     _failing("schema", "have a completion text that is not their tokens", wrong_text, len(rows))
     _failing("reward", "claim rewards the verifier does not give", wrong_reward, len(rows))
+    if unsettled:
+        why = f"the reward of sample {unsettled[0]} could not be computed here in time"
+        return Reject("unverifiable", why, unsettled)
+    return None
 
 
 def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:

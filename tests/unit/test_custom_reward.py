@@ -51,6 +51,12 @@ REWARDS = """
         while True:
             pass
 
+    def slow_where_flagged(prompt, completion, row):  # slow on a busy validator, say
+        import os, time
+        if os.path.exists(os.environ["SLOW_FLAG"]):
+            time.sleep(30)
+        return len(completion.strip()) / 40
+
     not_a_function = 3
 """
 
@@ -199,3 +205,27 @@ def test_a_validator_rejects_rewards_that_are_not_the_functions(
     v = judge.judge(key, ignoring, issued=issued(key))
     assert not v.accepted and v.check == "reward", (v.check, v.reason)
     assert "claim rewards the verifier does not give" in v.reason
+
+
+def test_a_reward_that_times_out_on_the_validator_is_unverifiable_not_blamed(
+    rewards_path, random_model_dir, tmp_path, monkeypatch
+):
+    """The worker scored its file in time; on the validator the function runs past its
+    limit. That score is the validator's failure, not evidence against the sender: the
+    file is `unverifiable` (blameless), and only once the model's checks have passed."""
+    from bench.rollout_files import Maker, issued, make_judge, small_run
+    from swarmrl.protocol.verdict import BLAMELESS_CHECKS
+    from swarmrl.tasks.graders.custom import active_reward
+
+    flag = tmp_path / "slow"
+    monkeypatch.setenv("SLOW_FLAG", str(flag))
+    cfg = small_run(tmp_path, random_model_dir, 'task.reward="test_rewards:slow_where_flagged"')
+    configure_reward(cfg)
+    judge = make_judge(cfg, tmp_path)
+    key, data = Maker(cfg, tmp_path, name="honest").file()
+    flag.write_text("")
+    active_reward().checker.timeout_s = 1.0
+    v = judge.judge(key, data, issued=issued(key))
+    assert not v.accepted and v.check == "unverifiable" and v.check in BLAMELESS_CHECKS
+    assert "could not be computed here in time" in v.reason
+    assert v.stats  # the model's checks ran first (and passed)

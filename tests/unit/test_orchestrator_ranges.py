@@ -153,12 +153,13 @@ def test_blameless_refusals_far_above_the_swarms_send_a_node_back_to_probation(t
     for i in range(40):  # the swarm's files: all accepted
         file(honest, b"honest %d" % i)
     file(forger, b"forger 0")  # proven
-    for i in range(5):  # the validator's own errors say nothing of the node
-        file(forger, b"validator error %d" % i, accepted=False, check="error")
+    # three blameless refusals in four files, far above the swarm's 0: a file that makes
+    # the validator fail counts as one it cannot settle (either could be made on purpose)
+    for i, check in enumerate(("unverifiable", "error")):
+        file(forger, b"forger %s %d" % (check.encode(), i), accepted=False, check=check)
     with o.svc.db.tx() as cur:
         assert not admission.on_probation(o.svc, cur, pubhex(forger))
-    for i in range(3):  # three blameless refusals in four files: far above the swarm's 0
-        file(forger, b"forger unverifiable %d" % i, accepted=False)
+    file(forger, b"forger unverifiable 2", accepted=False)
     with o.svc.db.tx() as cur:
         assert admission.on_probation(o.svc, cur, pubhex(forger))
         assert admission.cooldown_left(o.svc, cur, pubhex(forger), o.clock()) > 0
@@ -170,6 +171,25 @@ def test_blameless_refusals_far_above_the_swarms_send_a_node_back_to_probation(t
     with o.svc.db.tx() as cur:
         assert not admission.on_probation(o.svc, cur, pubhex(honest))
     assert o.assignment(honest, 0)["assignment"] is not None
+
+
+def test_many_keys_refused_without_blame_cannot_raise_the_swarms_rate(tmp_path):
+    """An attacker with most of the swarm's keys, each sending only files that cannot be
+    settled: the swarm's rate is then theirs (9 in 10 files), but it is held at
+    BLAMELESS_CEILING, so every one of them still goes back to probation."""
+    o = Orch(tmp_path)
+    with o.svc.db.tx() as cur:
+        sent = []
+        for i in range(50):  # 5 honest nodes, 45 of the attacker's, 6 files each
+            node = f"{i:064x}"
+            for _ in range(6):
+                sent.append(judgement.record_judgement(o.svc, cur, node, i >= 5, 0.0))
+        swarm = dict(cur.execute("SELECT name, value FROM counters").fetchall())
+        back = cur.execute("SELECT node FROM events WHERE kind = 'probation'").fetchall()
+    back = [r[0] for r in back]
+    assert swarm["blameless_files"] / swarm["judged_files"] > 0.5  # the swarm's own rate
+    assert sorted(set(back)) == [f"{i:064x}" for i in range(5, 50)]  # every attacker's key
+    assert sum(sent) == len(back)
 
 
 def test_a_database_from_before_gains_the_new_columns(tmp_path):

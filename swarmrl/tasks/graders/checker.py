@@ -9,6 +9,12 @@ the bound that always holds. The child is `python -m <module>`; the module's
 answer per line, after a first "ready" line. It starts on first use, once per
 grading process (a worker, a validator), and serves one request at a time.
 
+A judgement that gives no answer (past its time limit, or the child died) scores 0
+where a worker grades its own completions. A validator re-grades inside
+`strict()`: there the same case raises `RewardUnavailable`, because a score the
+validator could not compute on its machine is no evidence against the sender
+(validator/checks.py calls such a file `unverifiable`).
+
 The answers travel on a descriptor of their own: what the graded code prints
 goes to stderr, so it cannot shift the stream of answers. The child runs with a
 fixed hash seed, so the order of a set of strings is the same in every child on
@@ -18,6 +24,8 @@ every node.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -29,6 +37,22 @@ from collections.abc import Callable
 log = logging.getLogger("swarmrl.tasks.graders.checker")
 
 START_TIMEOUT_S = 120.0  # the child imports its library once; slow on a loaded machine
+_STRICT = contextvars.ContextVar("strict_grading", default=False)
+
+
+class RewardUnavailable(RuntimeError):
+    """Inside `strict()`: a grading process gave no answer (its time limit, or it died)."""
+
+
+@contextlib.contextmanager
+def strict():
+    """Within: a grading call with no answer raises RewardUnavailable instead of
+    returning None (which the graders score 0)."""
+    token = _STRICT.set(True)
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
 
 
 class CheckerProcess:
@@ -112,7 +136,10 @@ class CheckerProcess:
                     "the child died" if self.crashed else f"no answer within {self.timeout_s:.1f} s",
                 )  # fmt: skip
                 self.close()
-            return got
+        if got is None and _STRICT.get():
+            what = "died" if self.crashed else f"gave no answer within {self.timeout_s:.0f} s"
+            raise RewardUnavailable(f"the grading process {self.module} {what}")
+        return got
 
     def close(self) -> None:
         if self.proc is not None:

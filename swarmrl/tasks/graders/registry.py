@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from swarmrl.tasks.graders.checker import strict as checker_strict
 from swarmrl.tasks.graders.custom import active_reward
 from swarmrl.tasks.graders.text import score_addition, score_reverse_text
 from swarmrl.tasks.schema import Task
@@ -87,11 +88,18 @@ def info_error(task: Task) -> str | None:
     return None
 
 
-def verify(task: Task, completion: str, replies: list[str] | None = None) -> float:
+def verify(
+    task: Task, completion: str, replies: list[str] | None = None, strict: bool = False
+) -> float:
     """The task's reward for `completion`; `replies`: the model's spans when the
     completion is a trajectory (`models/prompting.py: model_replies`), which the
     `verifiers` grader plays through a taskset's own environment. With the run's own
-    reward function (`configure_reward`), its score of the completion's whole text."""
+    reward function (`configure_reward`), its score of the completion's whole text.
+    `strict` (the validator's re-grading): a grading process that gives no answer
+    raises RewardUnavailable (tasks/graders/checker.py) instead of scoring 0."""
+    if strict:
+        with checker_strict():
+            return verify(task, completion, replies)
     custom = active_reward()
     if custom is not None:
         return custom.score(task, completion)
