@@ -21,18 +21,19 @@ from swarmrl.validator.loop import Judge
 
 
 class FixedWeights:
-    """The weights seam with one version (0): the model directory."""
+    """The weights seam with one version (0): the model directory; or, with `older` (the
+    versions before it, oldest first), those as 0, 1, ... and the model directory last."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, older: list[Path] = ()):
+        self.versions = [*map(Path, older), Path(path)]
 
     def newest(self) -> int:
-        return 0
+        return len(self.versions) - 1
 
     def open_verified(self, version: int) -> Path:
-        if version != 0:
+        if not 0 <= version < len(self.versions):
             raise FileNotFoundError(version)
-        return self.path
+        return self.versions[version]
 
 
 def small_run(tmp: Path, model: Path, *overrides: str):
@@ -77,15 +78,19 @@ class Maker:
         self.backend = backend or HFBackend(max_batch=max_batch)
         self.backend.load(Path(cfg.model.path))
         self.counter = 0
+        self.policy = 0  # the version its files claim
 
-    def file(self, cheat: Cheat | None = None, step: int = 1) -> tuple[str, bytes]:
+    def file(self, cheat: Cheat | None = None, step: int | None = None) -> tuple[str, bytes]:
         """The key and bytes of the next file, honest or made by `cheat` (its
-        `after_load` applied to the model first, as a worker would after a load)."""
+        `after_load` applied to the model first, as a worker would after a load), for
+        `step` (default: the one after its policy version)."""
+        step = self.policy + 1 if step is None else step
         self.counter += 1
         seed = derive_seed(self.cfg.seed, self.node, step, self.counter)
         a = Assignment(
-            step=step, policy_step=0, seed=seed, counter=self.counter, sampler=self.state
-        )
+            step=step, policy_step=self.policy, seed=seed, counter=self.counter,
+            sampler=self.state,
+        )  # fmt: skip
         if cheat is None:
             rows = build_rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node)
         else:
@@ -93,7 +98,7 @@ class Maker:
             rows = cheat.rows(self.cfg, self.tokenizer, self.source, self.backend, a, self.node)
         key = rollout_key(a, self.node, self.cfg.worker.groups_per_file)
         ISSUED[key] = {
-            "step": step, "policy_step": 0, "counter": self.counter, "seed": seed,
+            "step": step, "policy_step": self.policy, "counter": self.counter, "seed": seed,
             "max_new_tokens": self.cfg.sampling.max_new_tokens, "sampler": self.state.to_json(),
         }  # fmt: skip
         data = write_rollouts(rows)
@@ -102,11 +107,15 @@ class Maker:
         return key, data
 
 
-def make_judge(cfg, tmp: Path) -> Judge:
+def make_judge(cfg, tmp: Path, older: list[Path] = ()) -> Judge:
+    """A validator's judge of files that claim the model of `cfg` as their policy: as
+    version 0, or with `older` (the versions before it, oldest first, for the version
+    check) as version len(older)."""
     backend = HFBackend()
     backend.load(Path(cfg.model.path))
     key = load_or_create_key(tmp / "keys" / "validator-0.key")
-    judge = Judge(cfg, backend, FixedWeights(Path(cfg.model.path)), key)
-    judge.loaded = 0  # the backend holds version 0 already (a .gguf cannot be hot-swapped)
+    weights = FixedWeights(Path(cfg.model.path), older)
+    judge = Judge(cfg, backend, weights, key, HFBackend)
+    judge.loaded = weights.newest()  # the backend holds it (a .gguf cannot be hot-swapped)
     judge.set_tolerances()  # as ensure_policy does after a load
     return judge

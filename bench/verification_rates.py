@@ -59,13 +59,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 from rollout_files import Maker, issued, make_judge, small_run  # noqa: E402
 from trajectory_envs import Echo  # noqa: E402
 from verification_cheats import behaviours, fine_tuned_versions, save_version  # noqa: E402
-from verification_report import report  # noqa: E402
+from verification_report import calibration_key, report  # noqa: E402
 
 from swarmrl.envs import environment as environment_module  # noqa: E402
 from swarmrl.inference.vllm import vllm_available  # noqa: E402
 from swarmrl.models.loading import load_model  # noqa: E402
 from swarmrl.protocol.rollouts import read_rollouts, write_rollouts  # noqa: E402
 from swarmrl.sim.registry import MULTI_TURN_CHEATS, make_cheat  # noqa: E402
+from swarmrl.validator.calibrate import tolerance_fingerprint  # noqa: E402
 from swarmrl.validator.checks import Reject, check_with_model  # noqa: E402
 
 SOURCES = {"tiny": ROOT / "models" / "tiny-reverse_text", "smollm2": "smollm2"}
@@ -86,9 +87,11 @@ TOOLS = ['env.kind="tools"', "env.max_turns=3"]
 # honest files are judged with the sampling check's tolerances lifted (and so nothing to
 # calibrate): each file's figures are recorded, and compared with the thresholds later
 LIFTED = ["validator.sampling_tolerance=10.0", "validator.logprob_tolerance=10.0",
-          "validator.sampling_mean_tolerance=10.0", "validator.calibrate=false"]  # fmt: skip
+          "validator.sampling_mean_tolerance=10.0", "validator.calibrate=false",
+          "validator.version_check_ratio=1e-300"]  # fmt: skip
 BATCHES = {"tiny": (1, 8, 64), "smollm2": (1, 32)}
 VERSIONS = 12  # the claimed policy of the detection matrix: version 12 of a fine-tuning
+KEPT = [0, VERSIONS - 10, VERSIONS - 2, VERSIONS - 1, VERSIONS]  # the versions saved
 TRAINING = {"tiny": (2.5e-4, 2), "smollm2": (1e-5, 1)}  # configs' lr, optimizer steps
 
 
@@ -103,16 +106,47 @@ def conditions(model: str) -> list[dict]:
                         continue  # a file took 18 min here (two threads, a busy machine)
                     for length in ("short", "long"):
                         for turns in ("single", "tools") if model == "tiny" else ("single",):
-                            out.append({"model": model, "dtype": dtype, "engine": engine,
-                                        "worker_threads": wt, "validator_threads": 3 - wt,
-                                        "batch": batch, "length": length, "turns": turns})  # fmt: skip
+                            for version in ("base", "tuned"):
+                                out.append({"model": model, "dtype": dtype, "engine": engine,
+                                            "worker_threads": wt, "validator_threads": 3 - wt,
+                                            "batch": batch, "length": length, "turns": turns,
+                                            "version": version})  # fmt: skip
     return out
 
 
 def cond_id(c: dict) -> str:
-    return "{model}-{dtype}-{engine}-w{worker_threads}v{validator_threads}-b{batch}-{length}-{turns}".format(
+    return "{model}-{dtype}-{engine}-w{worker_threads}v{validator_threads}-b{batch}-{length}-{turns}-{version}".format(
         **c
     )
+
+
+def provenance() -> dict:
+    """What every record carries: the commit it was judged at and the fingerprint of the
+    tolerances that judged it (validator/calibrate.py: only records under the frozen
+    fingerprint count out of sample)."""
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return {"commit": head or "unknown", "fingerprint": tolerance_fingerprint()}
+
+
+def tuned_versions(model: str, work: Path) -> dict[str, dict[int, Path]]:
+    """The fine-tuning of `model` the detection matrix and the honest `tuned` conditions
+    share: dtype -> version -> directory, for the versions KEPT (made once per work
+    directory)."""
+    base = work / f"{model}-detect"
+    dirs = {}
+    for dtype in ("bfloat16", "float32"):
+        if all((base / dtype / f"v{k}" / "config.json").exists() for k in KEPT):
+            dirs[dtype] = {k: base / dtype / f"v{k}" for k in KEPT}
+    if len(dirs) == 2:
+        return dirs
+    published = Versions(work).published(model, "float32")
+    seed_cfg = run_config(base, published, model, "short", "single")
+    rows = read_rollouts(Maker(seed_cfg, base, name="seed-rows").file()[1])
+    lr, inner = TRAINING[model]
+    return fine_tuned_versions(SOURCES[model], rows, ["bfloat16", "float32"], base, KEPT, lr, inner)
 
 
 class Log:
@@ -174,7 +208,7 @@ def honest(c: dict, files: int, done: int, versions: Versions, work: Path, log: 
     from swarmrl.inference.vllm import VLLMBackend
 
     cid = cond_id(c)
-    model_dir = versions.published(c["model"], c["dtype"])
+    model_dir, older = claimed(c, versions, work)
     cfg = run_config(work / cid, model_dir, c["model"], c["length"], c["turns"], *LIFTED)
     torch.set_num_threads(c["worker_threads"])
     backend = None
@@ -182,14 +216,27 @@ def honest(c: dict, files: int, done: int, versions: Versions, work: Path, log: 
         backend = VLLMBackend(max_batch=c["batch"], threads=c["worker_threads"], kv_cache_gb=2)
     maker = Maker(cfg, work / cid, name=f"honest-{cid}", max_batch=c["batch"], backend=backend)
     maker.counter = done  # a continued run makes new files, not the same ones again
-    judge = make_judge(cfg, work / cid)
+    maker.policy = len(older)
+    judge = make_judge(cfg, work / cid, older)
+    stamp = provenance()
     for _ in range(files):
         torch.set_num_threads(c["worker_threads"])
         key, data = maker.file()
         torch.set_num_threads(c["validator_threads"])
         v = judge.judge(key, data, issued=issued(key))
         log.add({"kind": "honest", "cond": cid, **c, "rollouts": v.n_samples or len(read_rollouts(data)),
-                 "tokens": v.n_tokens, "check": v.check, "reason": v.reason, "stats": v.stats})  # fmt: skip
+                 "tokens": v.n_tokens, "check": v.check, "reason": v.reason, "stats": v.stats,
+                 **stamp})  # fmt: skip
+
+
+def claimed(c: dict, versions: Versions, work: Path) -> tuple[Path, list[Path]]:
+    """The version a condition's files claim, and the versions before it that its
+    validator holds (oldest first): the published model alone (`base`), or version
+    VERSIONS of the fine-tuning with the two before it (`tuned`)."""
+    if c.get("version", "base") == "base":
+        return versions.published(c["model"], c["dtype"]), []
+    dirs = tuned_versions(c["model"], work)[c["dtype"]]
+    return dirs[VERSIONS], [dirs[VERSIONS - 2], dirs[VERSIONS - 1]]
 
 
 def calibrations(model: str, conds: list[dict], work: Path, log: Log) -> None:
@@ -197,12 +244,12 @@ def calibrations(model: str, conds: list[dict], work: Path, log: Log) -> None:
     once, on its first version): one record per dtype, shape and validator threads."""
     have = {r["cond"] for r in log.records() if r["kind"] == "calibration"}
     for c in conds:
-        cid = "{model}-{dtype}-{length}-{turns}-v{validator_threads}".format(**c)
+        cid = calibration_key(c)
         if cid in have:
             continue
         have.add(cid)
         torch.set_num_threads(c["validator_threads"])
-        model_dir = Versions(work).published(model, c["dtype"])
+        model_dir, _ = claimed(c, Versions(work), work)
         cfg = run_config(work / cid, model_dir, model, c["length"], c["turns"])
         judge = make_judge(cfg, work / cid)
         cal = judge.calibrations[c["dtype"]]  # None: float32, nothing to tighten
@@ -211,8 +258,8 @@ def calibrations(model: str, conds: list[dict], work: Path, log: Log) -> None:
                 "sampling_mean": ctx.sampling_mean_tolerance}  # fmt: skip
         log.add({"kind": "calibration", "cond": cid, "model": model, "dtype": c["dtype"],
                  "length": c["length"], "turns": c["turns"],
-                 "validator_threads": c["validator_threads"],
-                 "measured": cal and cal.measured, "tolerances": used})  # fmt: skip
+                 "validator_threads": c["validator_threads"], "version": c["version"],
+                 "measured": cal and cal.measured, "tolerances": used, **provenance()})  # fmt: skip
 
 
 def honest_rates(model: str, target: int, quick: bool, shard, work: Path, log: Log, t0) -> None:
@@ -244,103 +291,114 @@ def honest_rates(model: str, target: int, quick: bool, shard, work: Path, log: L
         print(f"{cond_id(c)}: {want} files ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
 
-def tokens_to_detect(judge, key: str, data: bytes, v) -> tuple[int | None, list]:
+def prefix_rejected(judge, ctx, rows: list[dict], policy: int) -> bool:
+    """Whether the model checks (7, 8 and the version check 9) reject these samples."""
+    try:
+        errors: list[float] = []
+        check_with_model(ctx, judge.backend, rows, errors)
+        judge.check_versions(ctx, policy, rows, errors)
+        return False
+    except Reject:
+        return True
+
+
+def tokens_to_detect(
+    judge, key: str, data: bytes, v, full: bool = False
+) -> tuple[int | None, list]:
     """The completion tokens of the shortest leading run of the file's samples that the
-    checks reject on their own, and the curve (tokens read, caught) it was found on."""
+    checks reject on their own, and the curve it was found on: [tokens read, samples
+    read, rejected] at 1, 2, 4, ... samples. `full`: the whole curve, rejected or not
+    (an honest file's: its false rejections at each length)."""
     rows = read_rollouts(data)
     lengths = [len(r["completion_tokens"]) for r in rows]
-    if v.accepted:
-        return None, [[sum(lengths), False]]
-    if v.check not in ("proof", "sampling"):  # per-sample checks name their samples
-        first = min(v.samples) if v.samples else len(rows) - 1
-        return sum(lengths[: first + 1]), [[sum(lengths[: first + 1]), True]]
+    if v.accepted and not full:
+        return None, [[sum(lengths), len(rows), False]]
+    if not v.accepted and v.check not in ("proof", "sampling", "version"):
+        first = min(v.samples) if v.samples else len(rows) - 1  # per-sample checks name it
+        return sum(lengths[: first + 1]), [[sum(lengths[: first + 1]), first + 1, True]]
     ctx = judge.ctx.with_issued(issued(key))
-    curve, k = [], 1
+    policy = rows[0]["policy_step"]
+    curve, k, need = [], 1, None
     while True:
         k = min(k, len(rows))
-        try:
-            check_with_model(ctx, judge.backend, rows[:k])
-            caught = False
-        except Reject:
-            caught = True
-        curve.append([sum(lengths[:k]), caught])
-        if caught:
-            return sum(lengths[:k]), curve
+        caught = prefix_rejected(judge, ctx, rows[:k], policy)
+        curve.append([sum(lengths[:k]), k, caught])
+        if caught and need is None:
+            need = sum(lengths[:k])
+            if not full:
+                return need, curve
         if k == len(rows):  # only the whole file's other checks caught it
-            return sum(lengths), curve
+            return (need or (None if v.accepted else sum(lengths))), curve
         k *= 2
 
 
 def judged(judge, behaviour: str, key: str, data: bytes, model: str, dtype: str) -> dict:
     v = judge.judge(key, data, issued=issued(key))
-    need, curve = tokens_to_detect(judge, key, data, v)
+    need, curve = tokens_to_detect(judge, key, data, v, full=behaviour == "honest")
     tokens = sum(len(r["completion_tokens"]) for r in read_rollouts(data))
     return {"kind": "cheat", "model": model, "dtype": dtype, "behaviour": behaviour,
             "caught": not v.accepted, "check": v.check or "accepted", "reason": v.reason,
-            "file_tokens": tokens, "tokens_to_detect": need, "curve": curve, "stats": v.stats}  # fmt: skip
+            "file_tokens": tokens, "tokens_to_detect": need, "curve": curve, "stats": v.stats,
+            **provenance()}  # fmt: skip
+
+
+# a worker that generates with an older version than the one it claims, by how much older
+OLDER = {"stale_1": VERSIONS - 1, "stale_2": VERSIONS - 2, "older-10": VERSIONS - 10, "base": 0}
 
 
 def detection(model: str, files: int, work: Path, log: Log, seen: dict) -> None:
     """The detection matrix of `model`: every behaviour, `files` files each (minus those
     in the log already), against version 12 of a fine-tuning, published in bfloat16
-    (and in float32 for the bfloat16 worker that claims float32)."""
+    (and in float32: the stale versions, and the bfloat16 worker that claims float32).
+    The validator holds the two versions before the claimed one (the version check)."""
     torch.set_num_threads(1)
     base = work / f"{model}-detect"
-    published = Versions(work).published(model, "float32")
-    lr, inner = TRAINING[model]
-    keep = [0, VERSIONS - 10, VERSIONS - 2, VERSIONS - 1, VERSIONS]
-    dirs = {}
-    for dtype in ("bfloat16", "float32"):
-        if all((base / dtype / f"v{k}" / "config.json").exists() for k in keep):
-            dirs[dtype] = {k: base / dtype / f"v{k}" for k in keep}
-    if len(dirs) < 2:
-        seed_cfg = run_config(base, published, model, "short", "single")
-        rows = read_rollouts(Maker(seed_cfg, base, name="seed-rows").file()[1])
-        dirs = fine_tuned_versions(
-            SOURCES[model], rows, ["bfloat16", "float32"], base, keep, lr, inner
-        )
+    dirs = tuned_versions(model, work)
     runs = [("bfloat16", behaviours("bfloat16")), ("float32", {})]
     runs[1][1]["bf16-claims-f32"] = behaviours("float32")["bf16-claims-f32"]
     for dtype, cheats in runs:
         claimed = dirs[dtype][VERSIONS]
+        older_dirs = [dirs[dtype][VERSIONS - 2], dirs[dtype][VERSIONS - 1]]
         cfg = run_config(base / f"run-{dtype}", claimed, model, "short", "single")
-        judge = make_judge(cfg, base / f"run-{dtype}")
+        judge = make_judge(cfg, base / f"run-{dtype}", older_dirs)
         maker = Maker(cfg, base / f"run-{dtype}", name="cheater")
         maker.counter = 1000 * len(seen)
+        maker.policy = len(older_dirs)
 
         def todo(name, dtype=dtype):
             return max(0, files - seen.get((model, dtype, name), 0))
 
-        for _ in range(todo("honest") if dtype == "bfloat16" else 0):  # the control
+        for _ in range(todo("honest")):  # the control, and the honest curve
             log.add(judged(judge, "honest", *maker.file(), model, dtype))
         for name, cheat in cheats.items():
             for rep in range(todo(name)):
                 if hasattr(cheat, "seed"):
                     cheat.seed = rep
                 log.add(judged(judge, name, *maker.file(cheat), model, dtype))
-        if dtype != "bfloat16":
-            continue
-        older = {"older-1": VERSIONS - 1, "older-2": VERSIONS - 2,
-                 "older-10": VERSIONS - 10, "base": 0}  # fmt: skip
-        for name, k in older.items():
-            if not todo(name):
+        for name, k in OLDER.items():
+            if not todo(name) or (dtype == "float32" and not name.startswith("stale")):
                 continue
             other = run_config(base / f"run-{dtype}", dirs[dtype][k], model, "short", "single")
             liar = Maker(other, base / f"run-{dtype}", name="cheater")  # same node, same run
-            liar.counter = maker.counter + 100
+            liar.counter, liar.policy = maker.counter + 100, maker.policy
             for _ in range(todo(name)):
                 log.add(judged(judge, name, *liar.file(), model, dtype))
             maker.counter = liar.counter
+        if dtype != "bfloat16":
+            continue
         for _ in range(todo("replay")):  # an honest file passed off as a later assignment's
-            _, first = maker.file(step=1)
-            key, _ = maker.file(step=2)
-            relabelled = write_rollouts([r | {"step": 2} for r in read_rollouts(first)])
+            _, first = maker.file(step=maker.policy + 1)
+            key, _ = maker.file(step=maker.policy + 2)
+            later = maker.policy + 2
+            relabelled = write_rollouts([r | {"step": later} for r in read_rollouts(first)])
             log.add(judged(judge, "replay", key, relabelled, model, dtype))
     if model == "tiny":  # the environment's cheats, on tool trajectories
+        older_dirs = [dirs["bfloat16"][VERSIONS - 2], dirs["bfloat16"][VERSIONS - 1]]
         cfg = run_config(base / "run-tools", dirs["bfloat16"][VERSIONS], model, "short", "tools")
-        judge = make_judge(cfg, base / "run-tools")
+        judge = make_judge(cfg, base / "run-tools", older_dirs)
         maker = Maker(cfg, base / "run-tools", name="cheater")
         maker.counter = 1000 * len(seen)
+        maker.policy = len(older_dirs)
         # loose-tool-limits needs tools with limits (the calculator, the Python tool), which
         # the tiny model never calls: tests/unit/test_multiturn.py catches it on one
         for name in [n for n in MULTI_TURN_CHEATS if n != "loose-tool-limits"]:

@@ -19,8 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from swarmrl.config.validator import ValidatorConfig  # noqa: E402
 from swarmrl.toploc.proof import Thresholds  # noqa: E402
-from swarmrl.validator.calibrate import STAT_OF, tolerances  # noqa: E402
+from swarmrl.validator.calibrate import STAT_OF, tolerance_fingerprint, tolerances  # noqa: E402
 from swarmrl.validator.loop import (  # noqa: E402
     LOGPROB_TOLERANCE,
     SAMPLING_MEAN_TOLERANCE,
@@ -41,8 +42,23 @@ STATS = {
 CALIBRATED = {stat: name for name, stat in STAT_OF.items()}  # statistic -> tolerance
 
 
+FROZEN = ROOT / "docs" / "verification-frozen.json"  # the commit and fingerprint frozen
+
+
 def calibration_key(r: dict) -> str:
-    return "{model}-{dtype}-{length}-{turns}-v{validator_threads}".format(**r)
+    key = "{model}-{dtype}-{length}-{turns}-v{validator_threads}".format(**r)
+    return key if r.get("version", "base") == "base" else f"{key}-{r['version']}"
+
+
+def version_rejects(stats: dict) -> bool:
+    """Whether the version check (validator/checks.py, check 9) at its defaults rejects a
+    file with these statistics (recorded with its rule lifted)."""
+    v = ValidatorConfig()
+    return any(
+        stats.get(f"version_error_ratio_{k}", 1.0) < v.version_check_ratio
+        and stats.get(f"version_t_{k}", 0.0) >= v.version_check_t
+        for k in (1, 2)
+    )
 
 
 def threshold(stat: str, dtype: str, tol: dict | None = None) -> float:
@@ -60,11 +76,12 @@ def rejected_by(r: dict, tol: dict | None = None) -> list[str]:
     condition's validator calibrated; None: the dtype's defaults)."""
     if r["check"]:
         return [r["check"]]
-    return [
+    out = [
         STATS[s][0]
         for s, x in r["stats"].items()
         if s in STATS and x > threshold(s, r["dtype"], tol)
     ]
+    return out + (["version"] if version_rejects(r["stats"]) else [])
 
 
 def margins(rows: list[dict], dtype: str, tol: dict | None) -> dict:
@@ -125,6 +142,8 @@ def report(records: list[dict]) -> dict:
                 bool(rejected_by(r, cals.get(calibration_key(r)))) for r in mine
             ),
         }
+    out["out_of_sample"] = out_of_sample(records)
+    out["frozen_commit"] = out["out_of_sample"]["frozen_commit"]
     for r in cheats:
         m = out["detection"].setdefault(r["model"], {})
         name = r["behaviour"] if r["dtype"] == "bfloat16" else f"{r['behaviour']} ({r['dtype']})"
@@ -134,11 +153,62 @@ def report(records: list[dict]) -> dict:
         b["checks"][r["check"]] = b["checks"].get(r["check"], 0) + 1
         if r["caught"]:
             b["ttd"].append(r["tokens_to_detect"])
-    for m in out["detection"].values():
-        for b in m.values():
+    for model, m in out["detection"].items():
+        for name, b in m.items():
             ttd = sorted(b.pop("ttd"))
             b["check"] = max(b["checks"], key=b["checks"].get)
             b["tokens_to_detect"] = {"median": ttd[len(ttd) // 2], "max": ttd[-1]} if ttd else None
+            dtype = "float32" if name.endswith("(float32)") else "bfloat16"
+            b["honest_rejected_at_that_length"] = honest_at(cheats, model, dtype, ttd)
+    return out
+
+
+def honest_at(cheats: list[dict], model: str, dtype: str, ttd: list[int]) -> dict | None:
+    """The honest control files' false rejections when a validator reads as many samples
+    as the median file of a behaviour needed: (rejected, files) of the honest curves'
+    points at the fewest samples covering that many tokens (None: no curve to read)."""
+    if not ttd:
+        return None
+    need = ttd[len(ttd) // 2]
+    hits, n = 0, 0
+    for r in cheats:
+        if r["behaviour"] != "honest" or r["model"] != model or r["dtype"] != dtype:
+            continue
+        points = [c for c in r["curve"] if len(c) == 3]
+        if not points:
+            continue
+        at = next((c for c in points if c[0] >= need), points[-1])
+        hits, n = hits + bool(at[2]), n + 1
+    return {"rejected": hits, "files": n} if n else None
+
+
+def out_of_sample(records: list[dict]) -> dict:
+    """Honest files judged under the tolerances frozen in docs/verification-frozen.json
+    (the same fingerprint), with the calibrated tolerances their validators recorded at
+    the time: per model, rollouts, files, the share on fine-tuned versions, false
+    rejections, and the 95% upper bound on the false-rejection rate (3/n when none)."""
+    if not FROZEN.exists():
+        return {"frozen_commit": None}
+    frozen = json.loads(FROZEN.read_text())
+    fp = frozen["fingerprint"]
+    cals = {calibration_key(r): r["tolerances"] for r in records
+            if r["kind"] == "calibration" and r.get("fingerprint") == fp}  # fmt: skip
+    out = {"frozen_commit": frozen["commit"], "fingerprint": fp,
+           "code_matches_frozen": tolerance_fingerprint() == fp, "models": {}}  # fmt: skip
+    for model in sorted({r["model"] for r in records if r["kind"] == "honest"}):
+        mine = [r for r in records if r["kind"] == "honest" and r["model"] == model
+                and r.get("fingerprint") == fp]  # fmt: skip
+        if not mine:
+            continue
+        rollouts = sum(r["rollouts"] for r in mine)
+        tuned = sum(r["rollouts"] for r in mine if r.get("version") == "tuned")
+        bad = sum(bool(rejected_by(r, cals.get(calibration_key(r)))) for r in mine)
+        out["models"][model] = {
+            "rollouts": rollouts, "files": len(mine), "tuned_share": round(tuned / rollouts, 3),
+            "false_rejections": bad,
+            "bound95_per_file": round(3 / len(mine), 6) if not bad else None,
+            "bound95_per_rollout": round(3 / rollouts, 8) if not bad else None,
+        }  # fmt: skip
     return out
 
 
@@ -156,20 +226,25 @@ def markdown(result: dict) -> str:
             for s, x in stats.items():
                 lines.append(f"| {m} | {dtype} | {s} | {x['max']:.3g} | {x['mean']:.3g} | "
                              f"{x['sd']:.2g} | {x['threshold']:.3g} | {x['margin_sd'] or '-'} |")  # fmt: skip
-    lines += ["", "| model | behaviour | files | caught | check | tokens to detect (median / max) |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| model | behaviour | files | caught | check | tokens to detect (median / max)"
+              " | honest files rejected at the median's length |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for m, per in result["detection"].items():
         for name, b in per.items():
             t = b["tokens_to_detect"]
             shown = f"{t['median']} / {t['max']}" if t else "-"
             checks = ", ".join(f"{k} {v}" for k, v in b["checks"].items())
-            lines.append(f"| {m} | {name} | {b['files']} | {b['caught']} | {checks} | {shown} |")
+            h = b.get("honest_rejected_at_that_length")
+            honest = f"{h['rejected']} of {h['files']}" if h else "-"
+            lines.append(
+                f"| {m} | {name} | {b['files']} | {b['caught']} | {checks} | {shown} | {honest} |"
+            )
     return "\n".join(lines)
 
 
 GROUPS = {
-    "another model": ("older-1", "older-2", "older-10", "base", "noise-0.001", "noise-0.01",
-                      "noise-0.05"),
+    "another model": ("stale_1", "stale_2", "older-1", "older-2", "older-10", "base",
+                      "noise-0.001", "noise-0.01", "noise-0.05"),
     "lower precision": ("fp8", "int8", "int4", "bf16-claims-f32"),
     "the sampler": ("temperature-0.9", "temperature-1.1", "top-p-0.9", "greedy", "wrong-seed",
                     "cheap-tokens"),

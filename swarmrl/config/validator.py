@@ -62,6 +62,30 @@ class ValidatorConfig(Section):
         "own honest samples of the first version of each dtype: scaled from their errors, "
         "between a floor and the dtype's default (validator/calibrate.py).",
     )
+    version_check: bool = Field(
+        True,
+        description="Decide which policy version explains a file: its reported log-probs "
+        "are compared with the claimed version's and with the version before it (and the "
+        "one before that, when the first explains the file as well), held in up to two "
+        "more engines (three times the model's memory), on every judged file; a file an "
+        "older version explains clearly better is rejected (check `version`: a worker "
+        "that generates with an older policy than it claims; validator/checks.py).",
+    )
+    version_check_ratio: float = Field(
+        0.8,
+        gt=0.0,
+        le=1.0,
+        description="The version check rejects when the older version's mean log-prob "
+        "error is below this fraction of the claimed version's (and the paired t "
+        "statistic over samples passes version_check_t).",
+    )
+    version_check_t: float = Field(
+        2.0,
+        gt=0.0,
+        le=1e6,
+        description="The paired t statistic (claimed version's error minus the older's, "
+        "per sample) the version check needs, beside version_check_ratio.",
+    )
     max_batch_tokens: int = Field(
         16384, ge=256, le=1 << 24, description="Padded tokens per validation prefill."
     )

@@ -139,3 +139,40 @@ def calibrate(ctx: Context, backend, defaults: dict) -> Calibration | None:
     stats = check_with_model(lifted, backend, rows)
     measured = {stat: float(stats[stat]) for stat in STAT_OF.values()}
     return Calibration(dtype, measured, tolerances(measured, dtype, defaults))
+
+
+def frozen_tolerances() -> dict:
+    """Every number that decides an honest file's fate by default: the dtype defaults of
+    the sampling check, the calibration's factors and floors, TOPLOC's thresholds, the
+    reward tolerance and the version check's. bench/verification_rates.py records its
+    sha256 (`tolerance_fingerprint`) with every judged file and counts honest files
+    out of sample only under the fingerprint frozen in docs/verification-frozen.json."""
+    from swarmrl.config.validator import ValidatorConfig
+    from swarmrl.toploc.proof import Thresholds
+    from swarmrl.validator.checks import REWARD_TOLERANCE
+    from swarmrl.validator.loop import (
+        LOGPROB_TOLERANCE,
+        SAMPLING_MEAN_TOLERANCE,
+        SAMPLING_TOLERANCE,
+    )
+
+    v = ValidatorConfig()
+    return {
+        "defaults": {"logprob": LOGPROB_TOLERANCE, "sampling": SAMPLING_TOLERANCE,
+                     "sampling_mean": SAMPLING_MEAN_TOLERANCE},
+        "calibration": {"factor": FACTOR, "per_logprob": PER_LOGPROB, "floor": FLOOR,
+                        "groups": GROUPS},
+        "toploc": dataclasses.asdict(Thresholds()),
+        "config": {k: getattr(v, k) for k in (
+            "max_exp_mismatches", "max_mantissa_mean", "max_mantissa_median", "calibrate",
+            "version_check", "version_check_ratio", "version_check_t")},
+        "reward": REWARD_TOLERANCE,
+    }  # fmt: skip
+
+
+def tolerance_fingerprint() -> str:
+    import hashlib
+    import json
+
+    blob = json.dumps(frozen_tolerances(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

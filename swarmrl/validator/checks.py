@@ -49,7 +49,12 @@
    SmolLM2's tolerance there: set the log-prob tolerance from the honest
    spread your verdicts record (`stats`).
 
-Steps 1 to 6 need no model; 7 and 8 share one prefill.
+9. version (`validator.version_check`): the same log-probs against the version
+   before the claimed one, held in a second engine: a file that version
+   explains clearly better than the claimed one was generated with it
+   (`check_version`).
+
+Steps 1 to 6 need no model; 7 and 8 share one prefill; 9 is a second.
 """
 
 from __future__ import annotations
@@ -310,9 +315,12 @@ def _check_rewards(ctx: Context, rows: list[dict], plan) -> Reject | None:
     return None
 
 
-def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
+def check_with_model(
+    ctx: Context, backend, rows: list[dict], errors: list[float] | None = None
+) -> dict:
     """Checks 7 and 8 with `backend` holding the claimed policy, one prefill batch at a
-    time (each batch's logits are dropped before the next). Returns statistics."""
+    time (each batch's logits are dropped before the next). Returns statistics;
+    `errors`, when given, receives each sample's mean log-prob error (check 9)."""
     for i, r in enumerate(rows):  # grammar first: nothing is computed for a malformed file
         try:
             for piece in split_proofs(r["proofs"], len(r["completion_tokens"]), ctx.hidden_size):
@@ -396,6 +404,8 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
     # a systematic difference (another precision, other weights) does not
     mean_lp = lp_sum / max(lp_count, 1)
     stats["mean_logprob_error"] = mean_lp
+    if errors is not None:
+        errors[:] = per_sample
     if not mean_lp <= ctx.logprob_tolerance:  # written so that NaN fails
         worst_samples = sorted(range(len(rows)), key=lambda i: -per_sample[i])[:10]
         raise Reject(
@@ -409,3 +419,59 @@ def check_with_model(ctx: Context, backend, rows: list[dict]) -> dict:
 
 def _finite(hidden: torch.Tensor, logits: torch.Tensor) -> bool:
     return bool(torch.isfinite(hidden).all()) and bool(torch.isfinite(logits).all())
+
+
+def logprob_errors(ctx: Context, backend, rows: list[dict]) -> list[float]:
+    """Each sample's mean absolute difference between its reported log-probs and those of
+    the policy `backend` holds (the model's tokens only), from one prefill."""
+    s = ctx.cfg.sampling
+    out = [math.nan] * len(rows)
+    batches = backend.prefill_batches(
+        [r["prompt_tokens"] for r in rows],
+        [r["completion_tokens"] for r in rows],
+        max_tokens=ctx.max_batch_tokens,
+    )
+    for batch in batches:
+        for j, _, logits in batch:
+            r = rows[j]
+            tokens = torch.tensor(r["completion_tokens"], device=logits.device)
+            claimed = torch.tensor(r["completion_logprobs"], dtype=torch.float32)
+            if not all(r["completion_mask"]):
+                at = torch.tensor([k for k, m in enumerate(r["completion_mask"]) if m])
+                tokens, logits, claimed = tokens[at.to(logits.device)], logits[at], claimed[at]
+            own = sampling_logprobs(logits, tokens, s.temperature, s.top_p)
+            out[j] = float((own - claimed.to(device=own.device, dtype=own.dtype)).abs().mean())
+    return out
+
+
+def check_version(
+    ctx: Context, older, rows: list[dict], claimed: list[float], ratio: float, t_min: float
+) -> dict:
+    """Check 9: which version explains the file. `claimed`: each sample's mean log-prob
+    error against the claimed version (check 8's); `older`: a backend holding the version
+    before it. A worker that generates with the older policy reports that policy's
+    log-probs, so its errors against the older version are rounding and against the
+    claimed one rounding plus the versions' difference; an honest file is the other way
+    round. Rejects when the older version's mean error is below `ratio` times the
+    claimed one's and the paired t statistic of the per-sample differences is at least
+    `t_min`; where the two versions are too close to tell apart (both errors rounding)
+    neither holds, and the file passes: it is then as good as the claimed version's."""
+    mine = logprob_errors(ctx, older, rows)
+    diff = [c - o for c, o in zip(claimed, mine, strict=True)]
+    mean_c = sum(claimed) / len(claimed)
+    mean_o = sum(mine) / len(mine)
+    n = len(diff)
+    mean_d = sum(diff) / n
+    sd = math.sqrt(sum((d - mean_d) ** 2 for d in diff) / max(n - 1, 1))
+    t = mean_d / (sd / math.sqrt(n)) if sd > 0 else (math.inf if mean_d > 0 else 0.0)
+    share = mean_o / mean_c if mean_c > 0 else (1.0 if mean_o == 0 else math.inf)
+    stats = {"version_error_ratio": share, "version_t": t, "older_logprob_error": mean_o}
+    if not (share >= ratio or t < t_min):  # written so that NaN fails
+        raise Reject(
+            "version",
+            f"the version before the claimed one explains the reported log-probs better: "
+            f"mean error {mean_o:.2e} against {mean_c:.2e} (ratio {share:.2f}, under "
+            f"{ratio:g}; paired t {t:.1f})",
+            sorted(range(n), key=lambda i: -diff[i])[:10],
+        )
+    return stats

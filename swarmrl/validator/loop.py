@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from swarmrl.config import RunConfig
@@ -42,7 +43,13 @@ from swarmrl.tasks.grading import configure as configure_verifiers
 from swarmrl.tasks.sources.task_source import TaskSource
 from swarmrl.toploc.proof import Thresholds
 from swarmrl.validator.calibrate import Calibration, calibrate
-from swarmrl.validator.checks import Context, Reject, check_with_model, check_without_model
+from swarmrl.validator.checks import (
+    Context,
+    Reject,
+    check_version,
+    check_with_model,
+    check_without_model,
+)
 
 log = logging.getLogger("swarmrl.validator")
 # Defaults by the dtype a version runs in; see validator/checks.py, check 8, and the
@@ -50,6 +57,7 @@ log = logging.getLogger("swarmrl.validator")
 LOGPROB_TOLERANCE = {"float32": 2e-5, "bfloat16": 0.1}
 SAMPLING_TOLERANCE = {"float32": 0.01, "bfloat16": 1.0}
 SAMPLING_MEAN_TOLERANCE = {"float32": 0.01, "bfloat16": 0.005}
+OLDER_ENGINES = 2  # engines holding versions before the claimed one (check 9)
 
 
 def logprob_tolerance(cfg: RunConfig, dtype: str) -> float:
@@ -88,13 +96,25 @@ def make_context(cfg: RunConfig, tokenizer, backend) -> Context:
 
 
 class Judge:
-    """Judges files for one validator: the checks, the ledger and the loaded policy."""
+    """Judges files for one validator: the checks, the ledger and the loaded policy.
+    `make_engine`: builds another engine like `backend`, for the versions before the
+    claimed one (check 9, `validator.version_check`); None: that check is off."""
 
-    def __init__(self, cfg: RunConfig, backend: PrefillEngine, weights, key):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        backend: PrefillEngine,
+        weights,
+        key,
+        make_engine: Callable[[], PrefillEngine] | None = None,
+    ):
         self.cfg = cfg
         self.backend = backend
         self.weights = weights
         self.key = key
+        self.make_engine = make_engine if cfg.validator.version_check else None
+        # version -> an engine holding it, for check 9 (at most OLDER_ENGINES)
+        self.older: dict[int, PrefillEngine] = {}
         self.ctx = make_context(cfg, load_tokenizer(cfg.model.path), backend)
         check_turns(environment_of(cfg), self.ctx.tokenizer, self.ctx.eos_id)
         self.loaded: int | None = None
@@ -107,6 +127,13 @@ class Judge:
         newest = self.weights.newest()
         if newest is None or newest < version:
             return False
+        if version in self.older and self.loaded is not None:
+            # an engine holds it already (a version check loaded it): it takes the
+            # claimed version's place, and the engine it replaces holds its version
+            self.older[self.loaded], self.backend = self.backend, self.older.pop(version)
+            self.loaded = version
+            self.set_tolerances()
+            return True
         try:
             self.backend.load(model_dir(self.weights, version))
         except FileNotFoundError:  # not mirrored (yet), or retention removed it
@@ -114,6 +141,27 @@ class Judge:
         self.loaded = version
         self.set_tolerances()
         return True
+
+    def older_engine(self, version: int) -> PrefillEngine | None:
+        """An engine holding `version` (check 9), or None when the check is off, there is
+        no such version or it is not held here (any more). Of the engines it keeps, the
+        one holding the oldest version is reloaded first."""
+        if self.make_engine is None or version < 0:
+            return None
+        if version in self.older:
+            return self.older[version]
+        if len(self.older) < OLDER_ENGINES:
+            engine = self.make_engine()
+        else:
+            engine = self.older.pop(min(self.older))
+        try:
+            engine.load(model_dir(self.weights, version))
+        except Exception as e:  # not held (retention) or unreadable here: checks 1-8 stand
+            log.info("version %d is not at hand for the version check: %s", version, e)
+            self.older[-1 - len(self.older)] = engine  # kept, holding nothing usable
+            return None
+        self.older[version] = engine
+        return engine
 
     def set_tolerances(self) -> None:
         """The sampling check's tolerances for the dtype the loaded version runs in (the
@@ -145,6 +193,24 @@ class Judge:
             sampling_tolerance=tol["sampling"],
             sampling_mean_tolerance=tol["sampling_mean"],
         )
+
+    def check_versions(self, ctx: Context, policy: int, rows: list[dict], errors) -> dict:
+        """Check 9 against the version before `policy`, and, when that one explains the
+        file at least as well as the claimed one (its error ratio under 1), against the
+        one before it too: a file made two versions back sits between them."""
+        vc = self.cfg.validator
+        stats: dict = {}
+        for back in (1, 2):
+            engine = self.older_engine(policy - back)
+            if engine is None:
+                break
+            got = check_version(
+                ctx, engine, rows, errors, vc.version_check_ratio, vc.version_check_t
+            )
+            stats |= {f"{k}_{back}": x for k, x in got.items()}
+            if not got["version_error_ratio"] < 1.0:
+                break
+        return stats
 
     def judge(
         self, key: str, data: bytes, trainer_step: int | None = None, issued: dict | None = None
@@ -187,7 +253,9 @@ class Judge:
                 sampling_tolerance=self.ctx.sampling_tolerance,
                 sampling_mean_tolerance=self.ctx.sampling_mean_tolerance,
             )
-            v.stats = check_with_model(ctx, self.backend, rows)
+            errors: list[float] = []
+            v.stats = check_with_model(ctx, self.backend, rows, errors)
+            v.stats |= self.check_versions(ctx, info["policy"], rows, errors)
             if info.get("unverifiable") is not None:
                 raise info["unverifiable"]  # only once nothing else is wrong (checks.py)
             v.accepted = True
@@ -247,7 +315,7 @@ def run_validator(cfg: RunConfig, index: int) -> None:
     device = resolve_device(cfg.validator.device, "validator.device")
     backend = make_engine(cfg, device, prefill=True)
     backend.load(Path(cfg.model.path))  # architecture and tokenizer ids; versions swap in
-    judge = Judge(cfg, backend, weights, key)
+    judge = Judge(cfg, backend, weights, key, lambda: make_engine(cfg, device, prefill=True))
     where = describe(device)
     log.info("validator %d started on %s", index, where)
     while True:

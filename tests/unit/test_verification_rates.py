@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.verification_cheats import OtherSampler, quantize_rtn
-from bench.verification_rates import Maker, judged, make_judge, small_run
+from bench.verification_rates import Maker, issued, judged, make_judge, small_run
 from bench.verification_report import report
 from swarmrl.protocol.rollouts import read_rollouts
 from swarmrl.sim.registry import make_cheat
@@ -70,15 +70,18 @@ def test_tokens_to_detect_is_the_shortest_leading_run_of_samples_caught(files):
     seed = judged(judge, "wrong-seed", key, data, "random", "float32")
     # another seed changes the first sample's tokens: its tokens alone are caught
     assert seed["caught"] and seed["check"] == "sampling"
-    assert seed["tokens_to_detect"] == first and seed["curve"] == [[first, True]]
+    assert seed["tokens_to_detect"] == first and seed["curve"] == [[first, 1, True]]
     reward = judged(judge, "inflated-reward", *maker.file(make_cheat("inflated-reward")),
                     "random", "float32")  # fmt: skip
     assert reward["check"] == "reward" and 0 < reward["tokens_to_detect"] <= reward["file_tokens"]
     hotter = judged(judge, "temperature-1.5", *maker.file(OtherSampler("t", temperature=1.5)),
                     "random", "float32")  # fmt: skip
     assert hotter["caught"] and hotter["check"] == "sampling", hotter["reason"]
-    assert hotter["curve"][-1] == [hotter["tokens_to_detect"], True]
-    assert all(not caught for _, caught in hotter["curve"][:-1])
+    assert hotter["curve"][-1][::2] == [hotter["tokens_to_detect"], True]
+    assert all(not caught for _, _, caught in hotter["curve"][:-1])
+    # the honest control's whole curve: not rejected at any length read
+    assert [c[2] for c in honest["curve"]] == [False] * len(honest["curve"])
+    assert honest["curve"][-1][1] == len(read_rollouts(maker.file()[1]))
     result = report([honest, seed, reward, hotter])["detection"]["random"]
     assert result["honest (float32)"]["caught"] == 0
     assert result["wrong-seed (float32)"]["caught"] == 1
@@ -98,3 +101,69 @@ def test_an_honest_file_past_a_calibrated_tolerance_counts_as_falsely_rejected()
     assert got["false_rejections"] == {"m": {"logprob": 1, "proof": 1}}
     assert got["false_rejections_at_defaults"] == {"m": {"proof": 1}}  # 1e-3 < 0.1
     assert got["margins"]["m"]["bfloat16"]["mean_logprob_error"]["threshold"] == 5e-4
+
+
+@pytest.fixture(scope="module")
+def versions(random_model_dir, tmp_path_factory):
+    """Two versions of a model: the random one, and the next (its weights moved as a
+    training step moves them), published in float32."""
+    from bench.verification_cheats import save_version
+    from swarmrl.models.loading import load_model
+    from swarmrl.sim.cheats import perturb
+
+    tmp = tmp_path_factory.mktemp("versions")
+    model = load_model(str(random_model_dir))
+    older = save_version(model, random_model_dir, "float32", tmp / "v0")
+    perturb(model, 0.02, 7)
+    newer = save_version(model, random_model_dir, "float32", tmp / "v1")
+    return tmp, older, newer
+
+
+def test_the_version_check_tells_a_stale_policy_from_the_claimed_one(versions):
+    """Files generated with the version before the claimed one, claiming it, with the
+    sampling check's tolerances lifted so that only check 9 can tell: rejected as
+    `version`; honest files from the claimed version pass it, with the older version's
+    error far above theirs."""
+    from bench.verification_rates import LIFTED
+
+    tmp, older, newer = versions
+    cfg = small_run(tmp, newer, *LIFTED[:-1])  # check 9 at its defaults
+    judge = make_judge(cfg, tmp, [older])
+    honest = Maker(cfg, tmp, name="honest")
+    stale = Maker(small_run(tmp, older, *LIFTED[:-1]), tmp, name="stale")
+    honest.policy = stale.policy = 1
+    for _ in range(2):
+        key, data = honest.file()
+        v = judge.judge(key, data, issued=issued(key))
+        assert v.accepted, (v.check, v.reason)
+        assert v.stats["version_error_ratio_1"] > 1.0 / judge.cfg.validator.version_check_ratio
+        key, data = stale.file()
+        v = judge.judge(key, data, issued=issued(key))
+        assert not v.accepted and v.check == "version", (v.check, v.reason)
+    off = make_judge(small_run(tmp, newer, *LIFTED[:-1], "validator.version_check=false"), tmp,
+                     [older])  # fmt: skip
+    assert off.judge(key, data, issued=issued(key)).accepted  # what check 9 adds
+
+
+def test_only_honest_files_under_the_frozen_tolerances_count_out_of_sample(tmp_path, monkeypatch):
+    import json
+
+    from bench import verification_report
+    from swarmrl.validator.calibrate import tolerance_fingerprint
+
+    frozen = tmp_path / "frozen.json"
+    frozen.write_text(json.dumps({"commit": "abc", "fingerprint": tolerance_fingerprint()}))
+    monkeypatch.setattr(verification_report, "FROZEN", frozen)
+    base = {"kind": "honest", "model": "m", "dtype": "float32", "length": "short",
+            "turns": "single", "validator_threads": 1, "cond": "c", "rollouts": 64,
+            "check": "", "stats": {"mean_logprob_error": 1e-7}, "version": "tuned",
+            "fingerprint": tolerance_fingerprint()}  # fmt: skip
+    before = base | {"fingerprint": "an older rule", "check": "sampling"}
+    stale_looking = base | {"stats": {"version_error_ratio_1": 0.5, "version_t_1": 3.0}}
+    got = report([base, base | {"version": "base"}, before])["out_of_sample"]
+    assert got["frozen_commit"] == "abc" and got["code_matches_frozen"]
+    assert got["models"]["m"] == {"rollouts": 128, "files": 2, "tuned_share": 0.5,
+                                  "false_rejections": 0, "bound95_per_file": 1.5,
+                                  "bound95_per_rollout": round(3 / 128, 8)}  # fmt: skip
+    got = report([base, stale_looking])["out_of_sample"]["models"]["m"]
+    assert got["false_rejections"] == 1 and got["bound95_per_file"] is None
