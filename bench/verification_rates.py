@@ -218,7 +218,8 @@ def honest(c: dict, files: int, done: int, versions: Versions, work: Path, log: 
     maker.counter = done  # a continued run makes new files, not the same ones again
     maker.policy = len(older)
     judge = make_judge(cfg, work / cid, older)
-    stamp = provenance()
+    source = "base" if not older else "run" if c["model"] in RUN_VERSIONS else "fine-tuning"
+    stamp = provenance() | {"claimed": str(model_dir), "version_source": source}
     for _ in range(files):
         torch.set_num_threads(c["worker_threads"])
         key, data = maker.file()
@@ -229,12 +230,43 @@ def honest(c: dict, files: int, done: int, versions: Versions, work: Path, log: 
                  **stamp})  # fmt: skip
 
 
+RUN_VERSIONS: dict[str, Path] = {}  # model -> a real run's weights directory (--run-versions)
+
+
+def run_versions(model: str, dtype: str, work: Path) -> list[Path] | None:
+    """The last three versions a real run of `model` published (its weights directory's
+    step_<n>/, float32 on a CPU trainer), oldest first, in `dtype`: a bfloat16 copy is
+    rounded to nearest from the float32 version, as a trainer that publishes bfloat16
+    writes it. None when no run was given for the model."""
+    root = RUN_VERSIONS.get(model)
+    if root is None:
+        return None
+    steps = sorted(root.glob("step_*/config.json"))[-3:]
+    if len(steps) < 3:
+        raise SystemExit(f"{root}: fewer than three versions (step_<n>/) to judge against")
+    out = []
+    for cfg in steps:
+        src = cfg.parent
+        if dtype == "float32":
+            out.append(src)
+            continue
+        dst = work / f"{model}-run-{dtype}" / src.name
+        if not (dst / "config.json").exists():
+            save_version(load_model(str(src)), src, dtype, dst)
+        out.append(dst)
+    return out
+
+
 def claimed(c: dict, versions: Versions, work: Path) -> tuple[Path, list[Path]]:
     """The version a condition's files claim, and the versions before it that its
-    validator holds (oldest first): the published model alone (`base`), or version
-    VERSIONS of the fine-tuning with the two before it (`tuned`)."""
+    validator holds (oldest first): the published model alone (`base`), or (`tuned`)
+    the last version of a real run (`--run-versions`) with the two before it, else
+    version VERSIONS of the bench's own fine-tuning with the two before it."""
     if c.get("version", "base") == "base":
         return versions.published(c["model"], c["dtype"]), []
+    run = run_versions(c["model"], c["dtype"], work)
+    if run is not None:
+        return run[-1], run[:-1]
     dirs = tuned_versions(c["model"], work)[c["dtype"]]
     return dirs[VERSIONS], [dirs[VERSIONS - 2], dirs[VERSIONS - 1]]
 
@@ -267,9 +299,9 @@ def honest_rates(model: str, target: int, quick: bool, shard, work: Path, log: L
     (this process's `shard` of them), less what the log holds already."""
     conds = conditions(model)
     per_file = 64 if model == "tiny" else 32
-    if quick:  # every 5th (tiny) or 3rd condition, SmolLM2's without batch 1: all kinds
+    if quick:  # every 5th (tiny) or 8th condition, SmolLM2's without batch 1: all kinds
         conds = [c for c in conds if c["batch"] != 1 or model == "tiny"]
-        conds = conds[:: 5 if model == "tiny" else 3]
+        conds = conds[:: 5 if model == "tiny" else 7]
     # files per condition: batch 1 decodes a row at a time (10-30x the time of a batch),
     # so it gets a quarter of the others' share (SmolLM2: a tenth); the total still
     # reaches `target`
@@ -334,7 +366,10 @@ def tokens_to_detect(
 
 def judged(judge, behaviour: str, key: str, data: bytes, model: str, dtype: str) -> dict:
     v = judge.judge(key, data, issued=issued(key))
-    need, curve = tokens_to_detect(judge, key, data, v, full=behaviour == "honest")
+    if QUICK[0] and model == "smollm2":
+        need, curve = None, []
+    else:
+        need, curve = tokens_to_detect(judge, key, data, v, full=behaviour == "honest")
     tokens = sum(len(r["completion_tokens"]) for r in read_rollouts(data))
     return {"kind": "cheat", "model": model, "dtype": dtype, "behaviour": behaviour,
             "caught": not v.accepted, "check": v.check or "accepted", "reason": v.reason,
@@ -342,8 +377,56 @@ def judged(judge, behaviour: str, key: str, data: bytes, model: str, dtype: str)
             **provenance()}  # fmt: skip
 
 
+def policy_distance(model: str, work: Path, log: Log) -> None:
+    """How far weight noise of 0.1% of each tensor's spread (which no check catches)
+    moves the policy, beside how far one training step moves it: the mean per-token KL
+    divergence from the claimed version (float32) to the noised one and to the version
+    before it, over the completions of an honest file of the claimed version. The
+    trainer corrects both the same way (importance weights from the log-probs the worker
+    reports), and the run takes honest files up to `async_level` versions old, so noise
+    that moves the policy less than one step harms no more than a worker one version
+    behind."""
+    from swarmrl.inference.hf import HFBackend
+    from swarmrl.sim.cheats import perturb
+
+    torch.set_num_threads(1)
+    dirs = tuned_versions(model, work)["float32"]
+    cfg = run_config(work / f"{model}-distance", dirs[VERSIONS], model, "short", "single")
+    rows = read_rollouts(Maker(cfg, work / f"{model}-distance", name="distance").file()[1])
+    engines = {}
+    for name, path in (("policy", dirs[VERSIONS]), ("one_step", dirs[VERSIONS - 1]),
+                       ("noise-0.001", dirs[VERSIONS])):  # fmt: skip
+        engines[name] = HFBackend()
+        engines[name].load(path)
+    perturb(engines["noise-0.001"].model, 0.001, 0)
+
+    def logprobs(engine) -> list[torch.Tensor]:
+        out = [None] * len(rows)
+        for batch in engine.prefill_batches(
+            [r["prompt_tokens"] for r in rows], [r["completion_tokens"] for r in rows],
+            max_tokens=16384,
+        ):  # fmt: skip
+            for j, _, logits in batch:
+                out[j] = torch.log_softmax(logits.float(), dim=-1)
+        return out
+
+    mine = logprobs(engines["policy"])
+    record = {"kind": "distance", "model": model, "tokens": sum(len(x) for x in mine),
+              **provenance()}  # fmt: skip
+    for name in ("one_step", "noise-0.001"):
+        theirs = logprobs(engines[name])
+        kl = torch.cat([(p.exp() * (p - q)).sum(-1) for p, q in zip(mine, theirs, strict=True)])
+        record[f"kl_{name}"] = float(kl.mean())
+    record["noise_over_one_step"] = record["kl_noise-0.001"] / record["kl_one_step"]
+    log.add(record)
+
+
 # a worker that generates with an older version than the one it claims, by how much older
 OLDER = {"stale_1": VERSIONS - 1, "stale_2": VERSIONS - 2, "older-10": VERSIONS - 10, "base": 0}
+# `--quick` judges SmolLM2 (a minute a file here) on these behaviours only, without
+# tokens-to-detect curves; the tiny model on every behaviour, with them
+QUICK_SMOLLM2 = ("honest", "noise-0.001", "stale_1", "stale_2", "bf16-claims-f32")
+QUICK: list[bool] = [False]
 
 
 def detection(model: str, files: int, work: Path, log: Log, seen: dict) -> None:
@@ -366,6 +449,8 @@ def detection(model: str, files: int, work: Path, log: Log, seen: dict) -> None:
         maker.policy = len(older_dirs)
 
         def todo(name, dtype=dtype):
+            if QUICK[0] and model == "smollm2" and name not in QUICK_SMOLLM2:
+                return 0
             return max(0, files - seen.get((model, dtype, name), 0))
 
         for _ in range(todo("honest")):  # the control, and the honest curve
@@ -418,7 +503,17 @@ def main() -> None:
     ap.add_argument("--only", choices=["honest", "detection"], default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--work", default=None, help="versions and keys (default: beside --out)")
+    ap.add_argument(
+        "--run-versions",
+        default="",
+        help="model=dir,...: a real run's weights "
+        "directory per model, whose last three versions the tuned conditions use",
+    )
     args = ap.parse_args()
+    for item in filter(None, args.run_versions.split(",")):
+        model, path = item.split("=", 1)
+        RUN_VERSIONS[model] = Path(path)
+    QUICK[0] = args.quick
     if args.quick:
         args.tiny_rollouts, args.smollm2_rollouts, args.cheat_files = 1536, 64, 1
     out = Path(
@@ -444,6 +539,8 @@ def main() -> None:
                     k = (r["model"], r["dtype"], r["behaviour"])
                     seen[k] = seen.get(k, 0) + 1
             detection(model, args.cheat_files, work, log, seen)
+            if not any(r["kind"] == "distance" and r["model"] == model for r in log.records()):
+                policy_distance(model, work, log)
             print(f"{model} detection ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     result = report(log.records())
     result["seconds"] = round(time.time() - t0, 1)

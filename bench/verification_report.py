@@ -142,6 +142,9 @@ def report(records: list[dict]) -> dict:
                 bool(rejected_by(r, cals.get(calibration_key(r)))) for r in mine
             ),
         }
+    out["noise_distance"] = {r["model"]: {k: r[k] for k in ("kl_one_step", "kl_noise-0.001",
+                             "noise_over_one_step", "tokens")}
+                             for r in records if r["kind"] == "distance"}  # fmt: skip
     out["out_of_sample"] = out_of_sample(records)
     out["frozen_commit"] = out["out_of_sample"]["frozen_commit"]
     for r in cheats:
@@ -182,29 +185,54 @@ def honest_at(cheats: list[dict], model: str, dtype: str, ttd: list[int]) -> dic
     return {"rejected": hits, "files": n} if n else None
 
 
+def _descends_from(frozen: str):
+    """A test of a record's commit: the frozen commit itself or one after it (git's
+    ancestry, in this checkout; where git cannot tell, the fingerprint alone decides)."""
+    import subprocess
+
+    seen: dict[str, bool] = {}
+
+    def after(commit: str) -> bool:
+        if commit not in seen:
+            try:
+                r = subprocess.run(["git", "merge-base", "--is-ancestor", frozen, commit],
+                                   cwd=ROOT, capture_output=True, timeout=30)  # fmt: skip
+                seen[commit] = r.returncode == 0 if r.returncode in (0, 1) else True
+            except (OSError, subprocess.TimeoutExpired):
+                seen[commit] = True
+        return seen[commit]
+
+    return after
+
+
 def out_of_sample(records: list[dict]) -> dict:
     """Honest files judged under the tolerances frozen in docs/verification-frozen.json
     (the same fingerprint), with the calibrated tolerances their validators recorded at
-    the time: per model, rollouts, files, the share on fine-tuned versions, false
-    rejections, and the 95% upper bound on the false-rejection rate (3/n when none)."""
+    the time: per model, rollouts, files, the share on fine-tuned versions (and on a
+    real run's last versions), false rejections, and the 95% upper bound on the
+    false-rejection rate (3/n when none)."""
     if not FROZEN.exists():
         return {"frozen_commit": None}
     frozen = json.loads(FROZEN.read_text())
     fp = frozen["fingerprint"]
+    after = _descends_from(frozen["commit"])
     cals = {calibration_key(r): r["tolerances"] for r in records
-            if r["kind"] == "calibration" and r.get("fingerprint") == fp}  # fmt: skip
+            if r["kind"] == "calibration" and r.get("fingerprint") == fp
+            and after(r.get("commit", ""))}  # fmt: skip
     out = {"frozen_commit": frozen["commit"], "fingerprint": fp,
            "code_matches_frozen": tolerance_fingerprint() == fp, "models": {}}  # fmt: skip
     for model in sorted({r["model"] for r in records if r["kind"] == "honest"}):
         mine = [r for r in records if r["kind"] == "honest" and r["model"] == model
-                and r.get("fingerprint") == fp]  # fmt: skip
+                and r.get("fingerprint") == fp and after(r.get("commit", ""))]  # fmt: skip
         if not mine:
             continue
         rollouts = sum(r["rollouts"] for r in mine)
         tuned = sum(r["rollouts"] for r in mine if r.get("version") == "tuned")
+        run = sum(r["rollouts"] for r in mine if r.get("version_source") == "run")
         bad = sum(bool(rejected_by(r, cals.get(calibration_key(r)))) for r in mine)
         out["models"][model] = {
             "rollouts": rollouts, "files": len(mine), "tuned_share": round(tuned / rollouts, 3),
+            "real_run_share": round(run / rollouts, 3),
             "false_rejections": bad,
             "bound95_per_file": round(3 / len(mine), 6) if not bad else None,
             "bound95_per_rollout": round(3 / rollouts, 8) if not bad else None,

@@ -152,18 +152,21 @@ def test_only_honest_files_under_the_frozen_tolerances_count_out_of_sample(tmp_p
     from swarmrl.validator.calibrate import tolerance_fingerprint
 
     frozen = tmp_path / "frozen.json"
-    frozen.write_text(json.dumps({"commit": "abc", "fingerprint": tolerance_fingerprint()}))
+    frozen.write_text(json.dumps({"commit": "HEAD", "fingerprint": tolerance_fingerprint()}))
     monkeypatch.setattr(verification_report, "FROZEN", frozen)
+    # git's ancestry, as the checkout would answer it: "old" came before the freeze
+    monkeypatch.setattr(verification_report, "_descends_from", lambda f: lambda c: c != "old")
     base = {"kind": "honest", "model": "m", "dtype": "float32", "length": "short",
             "turns": "single", "validator_threads": 1, "cond": "c", "rollouts": 64,
             "check": "", "stats": {"mean_logprob_error": 1e-7}, "version": "tuned",
-            "fingerprint": tolerance_fingerprint()}  # fmt: skip
+            "fingerprint": tolerance_fingerprint(), "commit": "HEAD"}  # fmt: skip
     before = base | {"fingerprint": "an older rule", "check": "sampling"}
+    earlier = base | {"commit": "old", "check": "sampling"}  # the same rule, before it froze
     stale_looking = base | {"stats": {"version_error_ratio_1": 0.5, "version_t_1": 3.0}}
-    got = report([base, base | {"version": "base"}, before])["out_of_sample"]
-    assert got["frozen_commit"] == "abc" and got["code_matches_frozen"]
+    got = report([base, base | {"version": "base"}, before, earlier])["out_of_sample"]
+    assert got["frozen_commit"] == "HEAD" and got["code_matches_frozen"]
     assert got["models"]["m"] == {"rollouts": 128, "files": 2, "tuned_share": 0.5,
-                                  "false_rejections": 0, "bound95_per_file": 1.5,
+                                  "real_run_share": 0.0, "false_rejections": 0, "bound95_per_file": 1.5,
                                   "bound95_per_rollout": round(3 / 128, 8)}  # fmt: skip
     got = report([base, stale_looking])["out_of_sample"]["models"]["m"]
     assert got["false_rejections"] == 1 and got["bound95_per_file"] is None
