@@ -28,7 +28,19 @@ older neighbours and its base exist.
 Each judged file is one JSON line appended to `--out` (under a file lock), so a long
 run can be stopped and continued, and shards (`--shard i/n`, conditions split among
 processes) can run side by side; the figures are computed from every line of the file.
-`--quick` is a small run into its own file (8 min 51 s on the 2-core VM, idle, 2026-12-02).
+Every line carries the commit and the tolerance fingerprint it was judged under:
+honest files count out of sample (`out_of_sample` in the report) only at or after the
+commit frozen in docs/verification-frozen.json, under its fingerprint.
+
+Honest conditions run on the published model (`base`) and on a later version
+(`tuned`): with `--run-versions tiny=DIR,smollm2=DIR` the last three versions a real
+run published (its weights directory: `make run`'s runs/addition-seed0/weights), else
+the bench's own fine-tuning; the validator holds the two versions before the claimed
+one, as in a run, so the version check (check 9) is judged too.
+
+`--quick` is a small run into its own file and work directory: the tiny model's
+whole matrix with a fine-tuning of 3 versions, SmolLM2 on one honest condition and its
+stale behaviours.
 
 The engines: the worker side runs the transformers engine; vLLM's, where it is
 installed (`make vllm`), as a further condition. The validator runs its default
@@ -92,6 +104,7 @@ LIFTED = ["validator.sampling_tolerance=10.0", "validator.logprob_tolerance=10.0
 BATCHES = {"tiny": (1, 8, 64), "smollm2": (1, 32)}
 VERSIONS = 12  # the claimed policy of the detection matrix: version 12 of a fine-tuning
 KEPT = [0, VERSIONS - 10, VERSIONS - 2, VERSIONS - 1, VERSIONS]  # the versions saved
+PASSES = 8  # rounds over the honest conditions (each loads its models once a round)
 TRAINING = {"tiny": (2.5e-4, 2), "smollm2": (1e-5, 1)}  # configs' lr, optimizer steps
 
 
@@ -324,13 +337,19 @@ def honest_rates(model: str, target: int, quick: bool, shard, work: Path, log: L
     for r in log.records():
         if r["kind"] == "honest":
             done[r["cond"]] = done.get(r["cond"], 0) + 1
-    for i, c in enumerate(conds):
-        have = done.get(cond_id(c), 0)
-        want = max(1, math.ceil(target * weight[id(c)] / total / per_file))
-        if i % shard[1] != shard[0] or have >= want:
-            continue
-        honest(c, want - have, have, Versions(work), work, log)
-        print(f"{cond_id(c)}: {want} files ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    # in PASSES rounds over the conditions, a share of each one's files a round: a run
+    # stopped early has judged every condition, not the first ones only
+    for round_ in range(1, PASSES + 1):
+        for i, c in enumerate(conds):
+            have = done.get(cond_id(c), 0)
+            want = max(1, math.ceil(target * weight[id(c)] / total / per_file))
+            upto = math.ceil(want * round_ / PASSES)
+            if i % shard[1] != shard[0] or have >= upto:
+                continue
+            honest(c, upto - have, have, Versions(work), work, log)
+            done[cond_id(c)] = upto
+            print(f"{cond_id(c)}: {upto} of {want} files ({time.time() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
 
 def prefix_rejected(judge, ctx, rows: list[dict], policy: int) -> bool:
