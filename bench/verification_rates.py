@@ -78,8 +78,8 @@ from swarmrl.inference.vllm import vllm_available  # noqa: E402
 from swarmrl.models.loading import load_model  # noqa: E402
 from swarmrl.protocol.rollouts import read_rollouts, write_rollouts  # noqa: E402
 from swarmrl.sim.registry import MULTI_TURN_CHEATS, make_cheat  # noqa: E402
-from swarmrl.validator.calibrate import tolerance_fingerprint  # noqa: E402
 from swarmrl.validator.checks import Reject, check_with_model  # noqa: E402
+from swarmrl.validator.frozen import tolerance_fingerprint  # noqa: E402
 
 SOURCES = {"tiny": ROOT / "models" / "tiny-reverse_text", "smollm2": "smollm2"}
 # each model's task at two lengths (prompt and completion), and its files' shape

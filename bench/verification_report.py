@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from swarmrl.config.validator import ValidatorConfig  # noqa: E402
 from swarmrl.toploc.proof import Thresholds  # noqa: E402
-from swarmrl.validator.calibrate import STAT_OF, tolerance_fingerprint, tolerances  # noqa: E402
+from swarmrl.validator.calibrate import STAT_OF, tolerances  # noqa: E402
+from swarmrl.validator.frozen import tolerance_fingerprint  # noqa: E402
 from swarmrl.validator.loop import (  # noqa: E402
     LOGPROB_TOLERANCE,
     SAMPLING_MEAN_TOLERANCE,

@@ -81,7 +81,7 @@ def test_a_slow_target_is_stopped_at_its_deadline_and_not_tried_again(child):
         child.call(f"{TARGETS}:sleep", b"", {"s": 60}, 64 << 20, 2.0)
     # one deadline for the call: the old code tried a timeout again in a fresh child,
     # which held a caller for twice its deadline (and a hostile file for 240 s)
-    assert time.monotonic() - t0 < 3.5
+    assert time.monotonic() - t0 < 3.9  # a second try, as before, made it 4 s or more
 
 
 def test_a_child_that_stops_reading_cannot_block_the_write(child):

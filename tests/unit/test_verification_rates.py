@@ -149,7 +149,7 @@ def test_only_honest_files_under_the_frozen_tolerances_count_out_of_sample(tmp_p
     import json
 
     from bench import verification_report
-    from swarmrl.validator.calibrate import tolerance_fingerprint
+    from swarmrl.validator.frozen import tolerance_fingerprint
 
     frozen = tmp_path / "frozen.json"
     frozen.write_text(json.dumps({"commit": "HEAD", "fingerprint": tolerance_fingerprint()}))

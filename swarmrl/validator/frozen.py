@@ -1,0 +1,40 @@
+"""The numbers frozen for out-of-sample counts: every default that decides an honest
+file's fate, and their fingerprint (docs/verification-frozen.json names the commit and
+the fingerprint they were frozen at; docs/verification.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+from swarmrl.config.validator import ValidatorConfig
+from swarmrl.toploc.proof import Thresholds
+from swarmrl.validator.calibrate import FACTOR, FLOOR, GROUPS, PER_LOGPROB
+from swarmrl.validator.checks import REWARD_TOLERANCE
+from swarmrl.validator.loop import LOGPROB_TOLERANCE, SAMPLING_MEAN_TOLERANCE, SAMPLING_TOLERANCE
+
+
+def frozen_tolerances() -> dict:
+    """Every number that decides an honest file's fate by default: the dtype defaults of
+    the sampling check, the calibration's factors and floors, TOPLOC's thresholds, the
+    reward tolerance and the version check's. bench/verification_rates.py records its
+    sha256 (`tolerance_fingerprint`) with every judged file and counts honest files
+    out of sample only under the fingerprint frozen in docs/verification-frozen.json."""
+    v = ValidatorConfig()
+    return {
+        "defaults": {"logprob": LOGPROB_TOLERANCE, "sampling": SAMPLING_TOLERANCE,
+                     "sampling_mean": SAMPLING_MEAN_TOLERANCE},
+        "calibration": {"factor": FACTOR, "per_logprob": PER_LOGPROB, "floor": FLOOR,
+                        "groups": GROUPS},
+        "toploc": dataclasses.asdict(Thresholds()),
+        "config": {k: getattr(v, k) for k in (
+            "max_exp_mismatches", "max_mantissa_mean", "max_mantissa_median", "calibrate",
+            "version_check", "version_check_ratio", "version_check_t")},
+        "reward": REWARD_TOLERANCE,
+    }  # fmt: skip
+
+
+def tolerance_fingerprint() -> str:
+    blob = json.dumps(frozen_tolerances(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
