@@ -34,8 +34,9 @@ the bench's own fine-tuning; the validator holds the two versions before the cla
 one, as in a run, so the version check (check 9) is judged too.
 
 `--quick` is a small run into its own file and work directory: the tiny model's
-whole matrix with a fine-tuning of 3 versions, SmolLM2 on one honest condition and its
-stale behaviours.
+whole matrix with a fine-tuning of 3 versions, SmolLM2's stale behaviours beside an
+honest control file (no honest-rate conditions, no weight-noise distance: a SmolLM2
+file takes half a minute here, a calibration a minute).
 
 The engines: the worker side runs the transformers engine; vLLM's, where it is
 installed (`make vllm`), as a further condition. The validator runs its default
@@ -166,12 +167,8 @@ def honest_rates(m: Matrix, model: str, target: int, shard, work: Path, log: Log
     (this process's `shard` of them), less what the log holds already."""
     conds = conditions(model)
     per_file = 64 if model == "tiny" else 32
-    if m.quick:  # every 5th tiny condition (all kinds), and one of SmolLM2's (a tuned one)
-        conds = (
-            conds[::5]
-            if model == "tiny"
-            else [c for c in conds if c["batch"] != 1 and c["version"] == "tuned"][:1]
-        )
+    if m.quick:  # every 5th tiny condition (all kinds); SmolLM2's honest files are the
+        conds = conds[::5] if model == "tiny" else []  # detection's control only
     # files per condition: batch 1 decodes a row at a time (10-30x the time of a batch),
     # so it gets a quarter of the others' share (SmolLM2: a tenth); the total still
     # reaches `target`
@@ -250,7 +247,7 @@ def main() -> None:
                     seen[k] = seen.get(k, 0) + 1
             detection(m, model, args.cheat_files, work, log, seen, only)
             distance = any(r["kind"] == "distance" and r["model"] == model for r in log.records())
-            if not distance and only is None:
+            if not distance and only is None and not (m.quick and model == "smollm2"):
                 policy_distance(m, model, work, log)
             print(f"{model} detection ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     result = report(log.records())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -148,12 +149,17 @@ def report(records: list[dict]) -> dict:
                              for r in records if r["kind"] == "distance"}  # fmt: skip
     out["out_of_sample"] = out_of_sample(records)
     out["frozen_commit"] = out["out_of_sample"]["frozen_commit"]
+    since = frozen_test()
     for r in cheats:
         m = out["detection"].setdefault(r["model"], {})
         name = r["behaviour"] if r["dtype"] == "bfloat16" else f"{r['behaviour']} ({r['dtype']})"
-        b = m.setdefault(name, {"files": 0, "caught": 0, "checks": {}, "ttd": []})
+        b = m.setdefault(name, {"files": 0, "caught": 0, "files_since_frozen": 0,
+                                "caught_since_frozen": 0, "checks": {}, "ttd": []})  # fmt: skip
         b["files"] += 1
         b["caught"] += r["caught"]
+        if since(r):
+            b["files_since_frozen"] += 1
+            b["caught_since_frozen"] += r["caught"]
         b["checks"][r["check"]] = b["checks"].get(r["check"], 0) + 1
         if r["caught"]:
             b["ttd"].append(r["tokens_to_detect"])
@@ -161,6 +167,9 @@ def report(records: list[dict]) -> dict:
         for name, b in m.items():
             ttd = sorted(b.pop("ttd"))
             b["check"] = max(b["checks"], key=b["checks"].get)
+            n, k = b["files_since_frozen"], b["caught_since_frozen"]
+            b["caught_share_since_frozen"] = round(k / n, 4) if n else None
+            b["caught_lower95_since_frozen"] = round(lower95(k, n), 4) if n else None
             b["tokens_to_detect"] = {"median": ttd[len(ttd) // 2], "max": ttd[-1]} if ttd else None
             dtype = "float32" if name.endswith("(float32)") else "bfloat16"
             b["honest_rejected_at_that_length"] = honest_at(cheats, model, dtype, ttd)
@@ -184,6 +193,32 @@ def honest_at(cheats: list[dict], model: str, dtype: str, ttd: list[int]) -> dic
         at = next((c for c in points if c[0] >= need), points[-1])
         hits, n = hits + bool(at[2]), n + 1
     return {"rejected": hits, "files": n} if n else None
+
+
+def lower95(k: int, n: int) -> float:
+    """The one-sided 95% lower bound on a rate seen k times in n (Clopper-Pearson: the
+    rate p at which k or more in n has a 5% chance), by bisection."""
+    if k == 0:
+        return 0.0
+
+    def at_least_k(p: float) -> float:
+        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at_least_k(mid) < 0.05 else (lo, mid)
+    return lo
+
+
+def frozen_test():
+    """A test of a record: judged under the frozen fingerprint, at or after the frozen
+    commit (everything passes when nothing is frozen)."""
+    if not FROZEN.exists():
+        return lambda r: True
+    frozen = json.loads(FROZEN.read_text())
+    after = _descends_from(frozen["commit"])
+    return lambda r: r.get("fingerprint") == frozen["fingerprint"] and after(r.get("commit", ""))
 
 
 def _descends_from(frozen: str):
@@ -216,15 +251,14 @@ def out_of_sample(records: list[dict]) -> dict:
         return {"frozen_commit": None}
     frozen = json.loads(FROZEN.read_text())
     fp = frozen["fingerprint"]
-    after = _descends_from(frozen["commit"])
+    since = frozen_test()
     cals = {calibration_key(r): r["tolerances"] for r in records
-            if r["kind"] == "calibration" and r.get("fingerprint") == fp
-            and after(r.get("commit", ""))}  # fmt: skip
+            if r["kind"] == "calibration" and since(r)}  # fmt: skip
     out = {"frozen_commit": frozen["commit"], "fingerprint": fp,
            "code_matches_frozen": tolerance_fingerprint() == fp, "models": {}}  # fmt: skip
     for model in sorted({r["model"] for r in records if r["kind"] == "honest"}):
         mine = [r for r in records if r["kind"] == "honest" and r["model"] == model
-                and r.get("fingerprint") == fp and after(r.get("commit", ""))]  # fmt: skip
+                and since(r)]  # fmt: skip
         if not mine:
             continue
         rollouts = sum(r["rollouts"] for r in mine)

@@ -170,3 +170,28 @@ def test_only_honest_files_under_the_frozen_tolerances_count_out_of_sample(tmp_p
                                   "bound95_per_rollout": round(3 / 128, 8)}  # fmt: skip
     got = report([base, stale_looking])["out_of_sample"]["models"]["m"]
     assert got["false_rejections"] == 1 and got["bound95_per_file"] is None
+
+
+def test_detection_counts_since_the_freeze_with_a_lower_bound(tmp_path, monkeypatch):
+    import json
+
+    from bench import verification_report
+    from swarmrl.validator.frozen import tolerance_fingerprint
+
+    frozen = tmp_path / "frozen.json"
+    frozen.write_text(json.dumps({"commit": "HEAD", "fingerprint": tolerance_fingerprint()}))
+    monkeypatch.setattr(verification_report, "FROZEN", frozen)
+    monkeypatch.setattr(verification_report, "_descends_from", lambda f: lambda c: c != "old")
+    caught = {"kind": "cheat", "model": "m", "dtype": "bfloat16", "behaviour": "stale_1",
+              "caught": True, "check": "version", "tokens_to_detect": 40, "curve": [],
+              "commit": "HEAD", "fingerprint": tolerance_fingerprint()}  # fmt: skip
+    missed = caught | {"caught": False, "check": "accepted", "tokens_to_detect": None}
+    records = [caught] * 20 + [missed] + [caught | {"commit": "old"}] * 5
+    got = report(records)["detection"]["m"]["stale_1"]
+    assert (got["files"], got["caught"]) == (26, 25)
+    assert (got["files_since_frozen"], got["caught_since_frozen"]) == (21, 20)
+    # the rate p at which 20 or more of 21 has a 5% chance: 21 p^20 (1 - p) + p^21 = 0.05
+    p = got["caught_lower95_since_frozen"]
+    assert 21 * p**20 * (1 - p) + p**21 == pytest.approx(0.05, abs=1e-3)
+    assert verification_report.lower95(100, 100) == pytest.approx(0.05 ** (1 / 100))
+    assert verification_report.lower95(0, 7) == 0.0
