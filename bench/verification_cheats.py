@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from swarmrl.inference.hf import HFBackend
 from swarmrl.inference.rows import complete_with
 from swarmrl.models.loading import load_model, load_tokenizer, set_config_dtype
 from swarmrl.sim.cheats import Cheat, LowPrecision, perturb, prove_by_prefill
@@ -78,6 +79,28 @@ class OtherSampler(Cheat):
             }
         )
         made = complete_with(cfg.model_copy(update={"sampling": mine}), backend, plan, None, None)
+        prompts = [p.tokens for p in plan for _ in p.seeds]
+        proved = prove_by_prefill(backend, prompts, [c.tokens for c in made])
+        for c, m in zip(proved, made, strict=True):
+            c.finished = m.finished
+        return proved
+
+
+class HeadStart(Cheat):
+    """A stale worker that hides it: it generates with an older version (it began before
+    the claimed one arrived, or never fetched it while generating), then proves the
+    tokens and reports their log-probs from one prefill of the claimed version. Its
+    proofs and log-probs are the claimed policy's; only its token choices are the older
+    policy's, which the version check's log-prob comparison cannot see."""
+
+    def __init__(self, older: Path, name: str):
+        self.older, self.name, self.engine = Path(older), name, None
+
+    def complete(self, cfg, backend, plan, tokenizer=None):
+        if self.engine is None:
+            self.engine = HFBackend(device=getattr(backend, "device", "cpu"))
+            self.engine.load(self.older)
+        made = complete_with(cfg, self.engine, plan, None, None)
         prompts = [p.tokens for p in plan for _ in p.seeds]
         proved = prove_by_prefill(backend, prompts, [c.tokens for c in made])
         for c, m in zip(proved, made, strict=True):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from rollout_files import Maker, issued, make_judge
-from verification_cheats import behaviours
+from verification_cheats import HeadStart, behaviours
 from verification_setup import Log, Matrix, provenance, run_config, tuned_versions
 
 from swarmrl.protocol.rollouts import read_rollouts, write_rollouts
@@ -28,7 +28,8 @@ from swarmrl.validator.checks import Reject, check_with_model
 
 # `--quick` judges SmolLM2 (half a minute a file here) on these behaviours only, by dtype,
 # without tokens-to-detect curves; the tiny model on every behaviour, with them
-QUICK_SMOLLM2 = {"bfloat16": ("honest", "stale_1", "stale_2"), "float32": ("stale_1", "stale_2")}
+QUICK_SMOLLM2 = {"bfloat16": ("honest", "stale_1", "stale_2", "head-start_1"),
+                 "float32": ("stale_1", "stale_2")}  # fmt: skip
 
 
 def prefix_rejected(judge, ctx, rows: list[dict], policy: int) -> bool:
@@ -137,6 +138,12 @@ def detection(
             for _ in range(todo(name)):
                 add(name, *liar.file())
             maker.counter = liar.counter
+        for name, k in m.older.items():  # the same, proved by the claimed version
+            smart = name.replace("stale", "head-start")
+            if name.startswith("stale") and todo(smart):
+                cheat = HeadStart(dirs[dtype][k], smart)
+                for _ in range(todo(smart)):
+                    add(smart, *maker.file(cheat))
         if dtype != "bfloat16":
             continue
         for _ in range(todo("replay")):  # an honest file passed off as a later assignment's
