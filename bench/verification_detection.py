@@ -15,6 +15,7 @@ before it, as in a run (the version check)."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import torch
@@ -89,6 +90,15 @@ def judged(
             **provenance()}  # fmt: skip
 
 
+def first_counter(seen: dict, only: set | None) -> int:
+    """Where a detection run's file counters start (a file's seeds and key derive from
+    its counter): past every counter an earlier run on this log used (a run uses fewer
+    than 1,000 a file it writes, and 1,000 at most when it writes none), and, for runs
+    side by side on other behaviours (`only`), in a range of their own."""
+    lane = zlib.crc32(",".join(sorted(only)).encode()) % 1000 if only else 0
+    return 10**9 * lane + 1000 * (1 + sum(seen.values()))
+
+
 def detection(
     m: Matrix, model: str, files: int, work: Path, log: Log, seen: dict, only: set | None = None
 ) -> None:
@@ -109,7 +119,7 @@ def detection(
         cfg = run_config(base / f"run-{dtype}", dirs[dtype][v], model, "short", "single")
         judge = make_judge(cfg, base / f"run-{dtype}", older_dirs)
         maker = Maker(cfg, base / f"run-{dtype}", name="cheater")
-        maker.counter = 1000 * len(seen)
+        maker.counter = first_counter(seen, only)
         maker.policy = len(older_dirs)
 
         def todo(name, dtype=dtype):
@@ -159,7 +169,7 @@ def detection(
     cfg = run_config(base / "run-tools", dirs["bfloat16"][v], model, "short", "tools")
     judge = make_judge(cfg, base / "run-tools", older_dirs)
     maker = Maker(cfg, base / "run-tools", name="cheater")
-    maker.counter = 1000 * len(seen)
+    maker.counter = first_counter(seen, only)
     maker.policy = len(older_dirs)
     # loose-tool-limits needs tools with limits (the calculator, the Python tool), which
     # the tiny model never calls: tests/unit/test_multiturn.py catches it on one
