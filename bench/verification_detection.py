@@ -37,8 +37,9 @@ def prefix_rejected(judge, ctx, rows: list[dict], policy: int) -> bool:
     """Whether the model checks (7, 8 and the version check 9) reject these samples."""
     try:
         errors: list[float] = []
-        check_with_model(ctx, judge.backend, rows, errors)
-        judge.check_versions(ctx, policy, rows, errors)
+        behind: list = []
+        check_with_model(ctx, judge.backend, rows, errors, behind)
+        judge.check_versions(ctx, policy, rows, errors, behind)
         return False
     except Reject:
         return True

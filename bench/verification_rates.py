@@ -82,7 +82,7 @@ from swarmrl.protocol.rollouts import read_rollouts  # noqa: E402
 # calibrate): each file's figures are recorded, and compared with the thresholds later
 LIFTED = ["validator.sampling_tolerance=10.0", "validator.logprob_tolerance=10.0",
           "validator.sampling_mean_tolerance=10.0", "validator.calibrate=false",
-          "validator.version_check_ratio=1e-300"]  # fmt: skip
+          "validator.version_check_ratio=1e-300", "validator.version_draws_alpha=0"]  # fmt: skip
 BATCHES = {"tiny": (1, 8, 64), "smollm2": (1, 32)}
 PASSES = 8  # rounds over the honest conditions (each loads its models once a round)
 

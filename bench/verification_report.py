@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from swarmrl.config.validator import ValidatorConfig  # noqa: E402
 from swarmrl.toploc.proof import Thresholds  # noqa: E402
 from swarmrl.validator.calibrate import STAT_OF, tolerances  # noqa: E402
-from swarmrl.validator.frozen import tolerance_fingerprint  # noqa: E402
+from swarmrl.validator.frozen import draws_fingerprint, tolerance_fingerprint  # noqa: E402
 from swarmrl.validator.loop import (  # noqa: E402
     LOGPROB_TOLERANCE,
     SAMPLING_MEAN_TOLERANCE,
@@ -53,14 +53,24 @@ def calibration_key(r: dict) -> str:
 
 
 def version_rejects(stats: dict) -> bool:
-    """Whether the version check (validator/checks.py, check 9) at its defaults rejects a
-    file with these statistics (recorded with its rule lifted)."""
+    """Whether the version check's log-prob comparison (validator/checks.py, check 9) at
+    its defaults rejects a file with these statistics (recorded with its rule lifted),
+    as frozen: the version two back only where the one before explains the log-probs
+    at least as well as the claimed one."""
     v = ValidatorConfig()
+    backs = (1, 2) if stats.get("version_error_ratio_1", 1.0) < 1.0 else (1,)
     return any(
         stats.get(f"version_error_ratio_{k}", 1.0) < v.version_check_ratio
         and stats.get(f"version_t_{k}", 0.0) >= v.version_check_t
-        for k in (1, 2)
+        for k in backs
     )
+
+
+def draws_rejects(stats: dict) -> bool:
+    """Whether check 9's comparison of token choices (the sign test) at its default
+    rejects a file with these statistics (recorded with its rule lifted)."""
+    alpha = ValidatorConfig().version_draws_alpha
+    return any(stats.get(f"version_draws_p_{k}", 1.0) < alpha for k in (1, 2))
 
 
 def threshold(stat: str, dtype: str, tol: dict | None = None) -> float:
@@ -84,6 +94,34 @@ def rejected_by(r: dict, tol: dict | None = None) -> list[str]:
         if s in STATS and x > threshold(s, r["dtype"], tol)
     ]
     return out + (["version"] if version_rejects(r["stats"]) else [])
+
+
+def draws_out_of_sample(records: list[dict], frozen: dict) -> dict:
+    """Honest files judged since the token-choice comparison of check 9 was frozen (its
+    own commit and fingerprint: `frozen["draws"]`) on which it ran (a claimed version
+    with an older one held): per model, rollouts, files, its false rejections and the
+    95% upper bound (3/n when none). A file's other checks are counted under the first
+    freeze; the two bounds add up (a union bound) for the whole validator."""
+    draws = frozen.get("draws")
+    if not draws:
+        return {"frozen_commit": None}
+    after = _descends_from(draws["commit"])
+    out = {"frozen_commit": draws["commit"], "fingerprint": draws["fingerprint"],
+           "code_matches_frozen": draws_fingerprint() == draws["fingerprint"], "models": {}}  # fmt: skip
+    mine = [r for r in records if r["kind"] == "honest"
+            and r.get("draws_fingerprint") == draws["fingerprint"]
+            and "version_draws_p_1" in r.get("stats", {}) and after(r.get("commit", ""))]  # fmt: skip
+    for model in sorted({r["model"] for r in mine}):
+        files = [r for r in mine if r["model"] == model]
+        rollouts = sum(r["rollouts"] for r in files)
+        bad = sum(draws_rejects(r["stats"]) for r in files)
+        run = sum(r["rollouts"] for r in files if r.get("version_source") == "run")
+        out["models"][model] = {
+            "rollouts": rollouts, "files": len(files), "false_rejections": bad,
+            "real_run_share": round(run / rollouts, 3),
+            "bound95_per_file": round(3 / len(files), 6) if not bad else None,
+        }  # fmt: skip
+    return out
 
 
 def margins(rows: list[dict], dtype: str, tol: dict | None) -> dict:
@@ -149,7 +187,7 @@ def report(records: list[dict]) -> dict:
                              for r in records if r["kind"] == "distance"}  # fmt: skip
     out["out_of_sample"] = out_of_sample(records)
     out["frozen_commit"] = out["out_of_sample"]["frozen_commit"]
-    since = frozen_test()
+    since = frozen_test(latest=True)
     for r in cheats:
         m = out["detection"].setdefault(r["model"], {})
         name = r["behaviour"] if r["dtype"] == "bfloat16" else f"{r['behaviour']} ({r['dtype']})"
@@ -211,14 +249,25 @@ def lower95(k: int, n: int) -> float:
     return lo
 
 
-def frozen_test():
+def frozen_test(latest: bool = False):
     """A test of a record: judged under the frozen fingerprint, at or after the frozen
-    commit (everything passes when nothing is frozen)."""
+    commit (everything passes when nothing is frozen). `latest`: under every freeze
+    since (the token-choice comparison's too, where it is frozen), i.e. by today's rule."""
     if not FROZEN.exists():
         return lambda r: True
     frozen = json.loads(FROZEN.read_text())
     after = _descends_from(frozen["commit"])
-    return lambda r: r.get("fingerprint") == frozen["fingerprint"] and after(r.get("commit", ""))
+    draws = frozen.get("draws") if latest else None
+    after_draws = _descends_from(draws["commit"]) if draws else None
+
+    def test(r: dict) -> bool:
+        if r.get("fingerprint") != frozen["fingerprint"] or not after(r.get("commit", "")):
+            return False
+        return not draws or (
+            r.get("draws_fingerprint") == draws["fingerprint"] and after_draws(r["commit"])
+        )
+
+    return test
 
 
 def _descends_from(frozen: str):
@@ -229,6 +278,8 @@ def _descends_from(frozen: str):
     seen: dict[str, bool] = {}
 
     def after(commit: str) -> bool:
+        if commit.endswith("-dirty"):
+            return False  # code that no commit holds
         if commit not in seen:
             try:
                 r = subprocess.run(["git", "merge-base", "--is-ancestor", frozen, commit],
@@ -255,7 +306,8 @@ def out_of_sample(records: list[dict]) -> dict:
     cals = {calibration_key(r): r["tolerances"] for r in records
             if r["kind"] == "calibration" and since(r)}  # fmt: skip
     out = {"frozen_commit": frozen["commit"], "fingerprint": fp,
-           "code_matches_frozen": tolerance_fingerprint() == fp, "models": {}}  # fmt: skip
+           "code_matches_frozen": tolerance_fingerprint() == fp, "models": {},
+           "draws": draws_out_of_sample(records, frozen)}  # fmt: skip
     for model in sorted({r["model"] for r in records if r["kind"] == "honest"}):
         mine = [r for r in records if r["kind"] == "honest" and r["model"] == model
                 and since(r)]  # fmt: skip

@@ -20,7 +20,7 @@ from verification_cheats import fine_tuned_versions, save_version
 from swarmrl.envs import environment as environment_module
 from swarmrl.models.loading import load_model
 from swarmrl.protocol.rollouts import read_rollouts
-from swarmrl.validator.frozen import tolerance_fingerprint
+from swarmrl.validator.frozen import draws_fingerprint, tolerance_fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"tiny": ROOT / "models" / "tiny-reverse_text", "smollm2": "smollm2"}
@@ -69,14 +69,28 @@ class Matrix:
         return out | {"base": 0}
 
 
+def _commit() -> str:
+    """The commit this process's code came from, read once (a commit made while a long
+    run goes on is not the code it runs), with `-dirty` where the package or the bench
+    differed from it (such records count nowhere out of sample)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return head + ("-dirty" if git("status", "--porcelain", "--", "swarmrl", "bench") else "")
+
+
+COMMIT = _commit()
+
+
 def provenance() -> dict:
-    """What every record carries: the commit it was judged at, the fingerprint of the
-    tolerances that judged it (only records under the frozen fingerprint count out of
+    """What every record carries: the commit it was judged at, the fingerprints of the
+    tolerances that judged it (only records under a frozen fingerprint count out of
     sample: bench/verification_report.py) and when."""
-    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
-    return {"commit": head or "unknown", "fingerprint": tolerance_fingerprint(),
-            "at": round(time.time(), 1)}  # fmt: skip
+    return {"commit": COMMIT, "fingerprint": tolerance_fingerprint(),
+            "draws_fingerprint": draws_fingerprint(), "at": round(time.time(), 1)}  # fmt: skip
 
 
 class Log:

@@ -86,6 +86,16 @@ class ValidatorConfig(Section):
         description="The paired t statistic (claimed version's error minus the older's, "
         "per sample) the version check needs, beside version_check_ratio.",
     )
+    version_draws_alpha: float = Field(
+        1e-4,
+        ge=0.0,
+        lt=1.0,
+        description="The version check also rejects a file whose token choices follow the "
+        "older version rather than the claimed one (tokens that fall short of their "
+        "seeded choice under one version only, counted each way) when the one-sided sign "
+        "test's p-value is below this: a worker that generated with the older policy and "
+        "proved its tokens with the claimed one. 0: off.",
+    )
     max_batch_tokens: int = Field(
         16384, ge=256, le=1 << 24, description="Padded tokens per validation prefill."
     )

@@ -161,6 +161,7 @@ class SamplingCheck:
     worst_margin: float  # largest shortfall of a chosen token's score below the best score
     margin_sum: float = 0.0  # the shortfalls summed over the completion's tokens
     tokens: int = 0
+    behind: torch.Tensor | None = None  # (n,) bool: the token's score is below the best
 
 
 def check_sampling(
@@ -176,7 +177,7 @@ def check_sampling(
     positions; `positions`, when given, are those positions' places in the completion
     (a trajectory's model tokens: inference/trajectory.py), else 0 .. n-1."""
     n, vocab = logits.shape
-    failures, worst, total = 0, 0.0, 0.0
+    failures, worst, total, behind = 0, 0.0, 0.0, []
     block = max(1, _ROWS_PER_BLOCK // vocab)
     for s in range(0, n, block):
         rows = logits[s : s + block].float() / temperature
@@ -199,7 +200,8 @@ def check_sampling(
         failures += int((~(margin <= tolerance)).sum())  # NaN fails
         worst = max(worst, float(margin.max()))
         total += float(margin.sum())
-    return SamplingCheck(failures, worst, total, n)
+        behind.append((margin > 0).cpu())
+    return SamplingCheck(failures, worst, total, n, torch.cat(behind) if behind else None)
 
 
 def _nucleus_bounds(scaled: torch.Tensor, tok: torch.Tensor, top_p: float, tolerance: float):

@@ -316,11 +316,16 @@ def _check_rewards(ctx: Context, rows: list[dict], plan) -> Reject | None:
 
 
 def check_with_model(
-    ctx: Context, backend, rows: list[dict], errors: list[float] | None = None
+    ctx: Context,
+    backend,
+    rows: list[dict],
+    errors: list[float] | None = None,
+    behind: list | None = None,
 ) -> dict:
     """Checks 7 and 8 with `backend` holding the claimed policy, one prefill batch at a
     time (each batch's logits are dropped before the next). Returns statistics;
-    `errors`, when given, receives each sample's mean log-prob error (check 9)."""
+    `errors` and `behind`, when given, receive each sample's mean log-prob error and
+    which of its tokens fall short of their seeded Gumbel-max choice at all (check 9)."""
     for i, r in enumerate(rows):  # grammar first: nothing is computed for a malformed file
         try:
             for piece in split_proofs(r["proofs"], len(r["completion_tokens"]), ctx.hidden_size):
@@ -330,6 +335,7 @@ def check_with_model(
     s = ctx.cfg.sampling
     bad_proof, bad_sampling, not_finite = [], [], []
     lp_sum, lp_count, per_sample = 0.0, 0, [0.0] * len(rows)
+    short_of: list = [None] * len(rows)
     stats = {"chunks": 0, "max_exp_mismatches": 0, "max_mantissa_mean": 0.0,
              "max_mantissa_median": 0.0}  # fmt: skip
     worst, margin_sum, margin_tokens = 0.0, 0.0, 0
@@ -376,6 +382,7 @@ def check_with_model(
             )  # fmt: skip
             worst = max(worst, res.worst_margin)
             margin_sum, margin_tokens = margin_sum + res.margin_sum, margin_tokens + res.tokens
+            short_of[j] = res.behind
             if res.failures:
                 bad_sampling.append(j)
     _failing(
@@ -406,6 +413,8 @@ def check_with_model(
     stats["mean_logprob_error"] = mean_lp
     if errors is not None:
         errors[:] = per_sample
+    if behind is not None:
+        behind[:] = short_of
     if not mean_lp <= ctx.logprob_tolerance:  # written so that NaN fails
         worst_samples = sorted(range(len(rows)), key=lambda i: -per_sample[i])[:10]
         raise Reject(
@@ -421,11 +430,12 @@ def _finite(hidden: torch.Tensor, logits: torch.Tensor) -> bool:
     return bool(torch.isfinite(hidden).all()) and bool(torch.isfinite(logits).all())
 
 
-def logprob_errors(ctx: Context, backend, rows: list[dict]) -> list[float]:
+def older_figures(ctx: Context, backend, rows: list[dict]) -> tuple[list[float], list]:
     """Each sample's mean absolute difference between its reported log-probs and those of
-    the policy `backend` holds (the model's tokens only), from one prefill."""
+    the policy `backend` holds, and which of its tokens fall short of that policy's
+    seeded Gumbel-max choice (the model's tokens only), from one prefill."""
     s = ctx.cfg.sampling
-    out = [math.nan] * len(rows)
+    errors, behind = [math.nan] * len(rows), [None] * len(rows)
     batches = backend.prefill_batches(
         [r["prompt_tokens"] for r in rows],
         [r["completion_tokens"] for r in rows],
@@ -436,16 +446,50 @@ def logprob_errors(ctx: Context, backend, rows: list[dict]) -> list[float]:
             r = rows[j]
             tokens = torch.tensor(r["completion_tokens"], device=logits.device)
             claimed = torch.tensor(r["completion_logprobs"], dtype=torch.float32)
+            at = None
             if not all(r["completion_mask"]):
                 at = torch.tensor([k for k, m in enumerate(r["completion_mask"]) if m])
                 tokens, logits, claimed = tokens[at.to(logits.device)], logits[at], claimed[at]
             own = sampling_logprobs(logits, tokens, s.temperature, s.top_p)
-            out[j] = float((own - claimed.to(device=own.device, dtype=own.dtype)).abs().mean())
-    return out
+            errors[j] = float((own - claimed.to(device=own.device, dtype=own.dtype)).abs().mean())
+            behind[j] = check_sampling(
+                logits, tokens, r["seed"], s.temperature, s.top_p, ctx.sampling_tolerance,
+                positions=at,
+            ).behind  # fmt: skip
+    return errors, behind
+
+
+def draws_p_value(claimed_behind: list, older_behind: list) -> tuple[int, int, float]:
+    """Which version the file's token choices follow: over the tokens that fall short of
+    their seeded choice under exactly one of the two versions, `c` under the claimed
+    one only and `b` under the older one only, and the chance of c or more of b + c
+    when either version is as likely to be the one missed (one-sided sign test). An
+    honest worker's tokens are the claimed version's choices but at rounding near-ties,
+    which fall either way: c is then at most about half of b + c."""
+    b = c = 0
+    for mine, theirs in zip(claimed_behind, older_behind, strict=True):
+        if mine is None or theirs is None:
+            continue
+        c += int((mine & ~theirs).sum())
+        b += int((theirs & ~mine).sum())
+    n = b + c
+    log_half = n * math.log(0.5)
+    terms = [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + log_half
+             for k in range(c, n + 1)]  # fmt: skip
+    top = max(terms, default=0.0)
+    p = math.exp(top) * sum(math.exp(x - top) for x in terms) if n else 1.0
+    return b, c, min(p, 1.0)
 
 
 def check_version(
-    ctx: Context, older, rows: list[dict], claimed: list[float], ratio: float, t_min: float
+    ctx: Context,
+    older,
+    rows: list[dict],
+    claimed: list[float],
+    ratio: float,
+    t_min: float,
+    claimed_behind: list | None = None,
+    alpha: float = 0.0,
 ) -> dict:
     """Check 9: which version explains the file. `claimed`: each sample's mean log-prob
     error against the claimed version (check 8's); `older`: a backend holding the version
@@ -455,8 +499,16 @@ def check_version(
     round. Rejects when the older version's mean error is below `ratio` times the
     claimed one's and the paired t statistic of the per-sample differences is at least
     `t_min`; where the two versions are too close to tell apart (both errors rounding)
-    neither holds, and the file passes: it is then as good as the claimed version's."""
-    mine = logprob_errors(ctx, older, rows)
+    neither holds, and the file passes: it is then as good as the claimed version's.
+
+    A worker that generates with the older policy and then proves and reports its
+    tokens with one prefill of the claimed one (a head start on a version not yet
+    fetched) has the claimed log-probs; only its token choices are the older policy's.
+    So the check also counts the tokens that fall short of their seeded choice under one
+    version only (`claimed_behind`: check 8's, under the claimed one) and rejects when
+    the sign test's p-value that the claimed version is the one they follow is under
+    `alpha` (`draws_p_value`; 0: off)."""
+    mine, older_behind = older_figures(ctx, older, rows)
     diff = [c - o for c, o in zip(claimed, mine, strict=True)]
     mean_c = sum(claimed) / len(claimed)
     mean_o = sum(mine) / len(mine)
@@ -473,5 +525,16 @@ def check_version(
             f"mean error {mean_o:.2e} against {mean_c:.2e} (ratio {share:.2f}, under "
             f"{ratio:g}; paired t {t:.1f})",
             sorted(range(n), key=lambda i: -diff[i])[:10],
+        )
+    if claimed_behind is None:
+        return stats
+    b, c, p = draws_p_value(claimed_behind, older_behind)
+    stats |= {"version_draws_older": b, "version_draws_claimed": c, "version_draws_p": p}
+    if p < alpha:
+        raise Reject(
+            "version",
+            f"the token choices follow an older version: {c} tokens fall short of their "
+            f"seeded choice under the claimed version only, {b} under the older one only "
+            f"(p {p:.1e}, under {alpha:g})",
         )
     return stats

@@ -36,5 +36,22 @@ def frozen_tolerances() -> dict:
 
 
 def tolerance_fingerprint() -> str:
-    blob = json.dumps(frozen_tolerances(), sort_keys=True).encode()
+    return _fingerprint(frozen_tolerances())
+
+
+def draws_tolerances() -> dict:
+    """The numbers of check 9's comparison of token choices across versions (the sign
+    test, added after the freeze above and frozen on its own: its honest files are
+    counted from its own commit; docs/verification-frozen.json `draws`)."""
+    v = ValidatorConfig()
+    return {"version_draws_alpha": v.version_draws_alpha, "test": "one-sided sign test",
+            "then_two_back": "error ratio under 1 or more tokens following the older"}  # fmt: skip
+
+
+def draws_fingerprint() -> str:
+    return _fingerprint(draws_tolerances())
+
+
+def _fingerprint(numbers: dict) -> str:
+    blob = json.dumps(numbers, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

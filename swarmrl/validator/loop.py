@@ -194,10 +194,14 @@ class Judge:
             sampling_mean_tolerance=tol["sampling_mean"],
         )
 
-    def check_versions(self, ctx: Context, policy: int, rows: list[dict], errors) -> dict:
+    def check_versions(
+        self, ctx: Context, policy: int, rows: list[dict], errors, behind=None
+    ) -> dict:
         """Check 9 against the version before `policy`, and, when that one explains the
-        file at least as well as the claimed one (its error ratio under 1), against the
-        one before it too: a file made two versions back sits between them."""
+        file at least as well as the claimed one (its error ratio under 1, or more of
+        the file's tokens following it than the claimed one), against the one before it
+        too: a file made two versions back sits between them. `errors` and `behind`:
+        check 8's figures of each sample under the claimed version."""
         vc = self.cfg.validator
         stats: dict = {}
         for back in (1, 2):
@@ -205,10 +209,12 @@ class Judge:
             if engine is None:
                 break
             got = check_version(
-                ctx, engine, rows, errors, vc.version_check_ratio, vc.version_check_t
-            )
+                ctx, engine, rows, errors, vc.version_check_ratio, vc.version_check_t,
+                behind, vc.version_draws_alpha,
+            )  # fmt: skip
             stats |= {f"{k}_{back}": x for k, x in got.items()}
-            if not got["version_error_ratio"] < 1.0:
+            closer = got.get("version_draws_claimed", 0) > got.get("version_draws_older", 0)
+            if not (got["version_error_ratio"] < 1.0 or closer):
                 break
         return stats
 
@@ -254,8 +260,9 @@ class Judge:
                 sampling_mean_tolerance=self.ctx.sampling_mean_tolerance,
             )
             errors: list[float] = []
-            v.stats = check_with_model(ctx, self.backend, rows, errors)
-            v.stats |= self.check_versions(ctx, info["policy"], rows, errors)
+            behind: list = []
+            v.stats = check_with_model(ctx, self.backend, rows, errors, behind)
+            v.stats |= self.check_versions(ctx, info["policy"], rows, errors, behind)
             if info.get("unverifiable") is not None:
                 raise info["unverifiable"]  # only once nothing else is wrong (checks.py)
             v.accepted = True

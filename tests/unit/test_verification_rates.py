@@ -3,6 +3,8 @@ to detect on real files and judges, and the figures it reports."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -127,10 +129,10 @@ def test_the_version_check_tells_a_stale_policy_from_the_claimed_one(versions):
     from bench.verification_rates import LIFTED
 
     tmp, older, newer = versions
-    cfg = small_run(tmp, newer, *LIFTED[:-1])  # check 9 at its defaults
+    cfg = small_run(tmp, newer, *LIFTED[:-2])  # check 9 at its defaults
     judge = make_judge(cfg, tmp, [older])
     honest = Maker(cfg, tmp, name="honest")
-    stale = Maker(small_run(tmp, older, *LIFTED[:-1]), tmp, name="stale")
+    stale = Maker(small_run(tmp, older, *LIFTED[:-2]), tmp, name="stale")
     honest.policy = stale.policy = 1
     for _ in range(2):
         key, data = honest.file()
@@ -140,9 +142,74 @@ def test_the_version_check_tells_a_stale_policy_from_the_claimed_one(versions):
         key, data = stale.file()
         v = judge.judge(key, data, issued=issued(key))
         assert not v.accepted and v.check == "version", (v.check, v.reason)
-    off = make_judge(small_run(tmp, newer, *LIFTED[:-1], "validator.version_check=false"), tmp,
+    off = make_judge(small_run(tmp, newer, *LIFTED[:-2], "validator.version_check=false"), tmp,
                      [older])  # fmt: skip
     assert off.judge(key, data, issued=issued(key)).accepted  # what check 9 adds
+
+
+@pytest.fixture(scope="module")
+def peaked_versions(random_model_dir, tmp_path_factory):
+    """Two versions whose token choices differ: the random model with its output layer
+    scaled up (an untrained model's flat logits leave every choice to the seeded noise,
+    the same for both versions) and the same moved by 20% noise."""
+    from bench.verification_cheats import save_version
+    from swarmrl.models.loading import load_model
+    from swarmrl.sim.cheats import perturb
+
+    tmp = tmp_path_factory.mktemp("peaked")
+    model = load_model(str(random_model_dir))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)
+    older = save_version(model, random_model_dir, "float32", tmp / "v0")
+    perturb(model, 0.2, 7)
+    newer = save_version(model, random_model_dir, "float32", tmp / "v1")
+    return tmp, older, newer
+
+
+def test_the_version_check_tells_whose_token_choices_a_file_follows(peaked_versions):
+    """A head start: tokens generated with the version before the claimed one, proved and
+    their log-probs reported with one prefill of the claimed version. The log-prob
+    comparison cannot see it (the log-probs are the claimed version's); the sign test
+    over tokens that fall short of their seeded choice under one version only does."""
+    from bench.verification_cheats import HeadStart
+    from bench.verification_rates import LIFTED
+
+    tmp, older, newer = peaked_versions
+    cfg = small_run(tmp, newer, *LIFTED[:-2])  # check 9 at its defaults
+    judge = make_judge(cfg, tmp, [older])
+    maker = Maker(cfg, tmp, name="head-start")
+    maker.policy = 1
+    head_start = HeadStart(older, "head-start_1")
+    key, data = maker.file(head_start)
+    v = judge.judge(key, data, issued=issued(key))
+    assert not v.accepted and v.check == "version" and "token choices" in v.reason, v.reason
+    honest = judge.judge(*(kd := maker.file()), issued=issued(kd[0]))
+    assert honest.accepted, (honest.check, honest.reason)
+    assert honest.stats["version_draws_older_1"] > honest.stats["version_draws_claimed_1"]
+    off = make_judge(small_run(tmp, newer, *LIFTED[:-2], "validator.version_draws_alpha=0"),
+                     tmp, [older])  # fmt: skip
+    lenient = off.judge(key, data, issued=issued(key))
+    assert lenient.accepted, lenient.reason  # what the sign test adds to check 9
+    assert lenient.stats["version_draws_claimed_1"] > lenient.stats["version_draws_older_1"]
+
+
+def test_the_sign_test_counts_each_version_missed_alone():
+    from swarmrl.validator.checks import draws_p_value
+
+    def t(*bits):
+        return torch.tensor(bits, dtype=torch.bool)
+
+    # tokens behind under both versions or neither say nothing; None: no model tokens
+    assert draws_p_value([t(1, 1, 0, 0), None], [t(1, 0, 0, 1), t(1)]) == (
+        1,
+        1,
+        pytest.approx(0.75),
+    )
+    b, c, p = draws_p_value([torch.ones(14, dtype=torch.bool)], [torch.zeros(14, dtype=torch.bool)])
+    assert (b, c) == (0, 14) and p == pytest.approx(2.0**-14)
+    assert draws_p_value([t(0, 0)], [t(1, 1)])[2] == pytest.approx(1.0)
+    b, c, p = draws_p_value([t(*[1] * 20 + [0] * 2)], [t(*[0] * 20 + [1] * 2)])
+    assert p == pytest.approx(sum(math.comb(22, k) for k in range(20, 23)) / 2**22)
 
 
 def test_only_honest_files_under_the_frozen_tolerances_count_out_of_sample(tmp_path, monkeypatch):
@@ -195,3 +262,42 @@ def test_detection_counts_since_the_freeze_with_a_lower_bound(tmp_path, monkeypa
     assert 21 * p**20 * (1 - p) + p**21 == pytest.approx(0.05, abs=1e-3)
     assert verification_report.lower95(100, 100) == pytest.approx(0.05 ** (1 / 100))
     assert verification_report.lower95(0, 7) == 0.0
+
+
+def test_the_token_choice_comparison_is_counted_from_its_own_freeze(tmp_path, monkeypatch):
+    """Check 9's sign test came after the first freeze: its honest files count from its
+    own commit on, only where it ran (an older version held), and detection since the
+    freeze is judged by today's whole rule."""
+    import json
+
+    from bench import verification_report
+    from swarmrl.validator.frozen import draws_fingerprint, tolerance_fingerprint
+
+    frozen = tmp_path / "frozen.json"
+    frozen.write_text(json.dumps({"commit": "first", "fingerprint": tolerance_fingerprint(),
+                                  "draws": {"commit": "second",
+                                            "fingerprint": draws_fingerprint()}}))  # fmt: skip
+    monkeypatch.setattr(verification_report, "FROZEN", frozen)
+    order = ["old", "first", "between", "second", "new"]
+    monkeypatch.setattr(verification_report, "_descends_from",
+                        lambda f: lambda c: order.index(c) >= order.index(f))  # fmt: skip
+    stamp = {"fingerprint": tolerance_fingerprint(), "draws_fingerprint": draws_fingerprint()}
+    honest = {"kind": "honest", "model": "m", "dtype": "bfloat16", "length": "short",
+              "turns": "single", "validator_threads": 1, "cond": "c", "rollouts": 32,
+              "check": "", "version": "tuned", "commit": "new", **stamp,
+              "stats": {"version_draws_p_1": 0.3}}  # fmt: skip
+    flagged = honest | {"stats": {"version_draws_p_1": 1e-6}}
+    base = honest | {"version": "base", "stats": {}}  # no older version: the test cannot run
+    before = honest | {"commit": "between"}
+    got = report([honest, honest, flagged, base, before])["out_of_sample"]
+    assert got["models"]["m"]["files"] == 5  # the first freeze counts them all
+    draws = got["draws"]
+    assert draws["frozen_commit"] == "second" and draws["code_matches_frozen"]
+    assert draws["models"]["m"] == {"rollouts": 96, "files": 3, "false_rejections": 1,
+                                    "real_run_share": 0.0, "bound95_per_file": None}  # fmt: skip
+    caught = {"kind": "cheat", "model": "m", "dtype": "bfloat16", "behaviour": "head-start_1",
+              "caught": True, "check": "version", "tokens_to_detect": 9, "curve": [],
+              "commit": "new", **stamp}  # fmt: skip
+    older_rule = caught | {"commit": "between", "caught": False, "check": "accepted"}
+    got = report([caught, older_rule])["detection"]["m"]["head-start_1"]
+    assert (got["files"], got["files_since_frozen"], got["caught_since_frozen"]) == (2, 1, 1)
