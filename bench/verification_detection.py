@@ -100,6 +100,86 @@ def first_counter(seen: dict, only: set | None) -> int:
     return 10**9 * lane + 1000 * (1 + sum(seen.values()))
 
 
+def _detection_in(
+    m: Matrix,
+    model: str,
+    dtype: str,
+    cheats: dict,
+    dirs: dict,
+    base: Path,
+    files: int,
+    log: Log,
+    seen: dict,
+    only: set | None,
+) -> None:
+    """The behaviours of `detection` against the version published in `dtype`, their
+    files taken in turns (a run stopped early has files of every behaviour)."""
+    v = m.versions
+    quick_smollm2 = m.quick and model == "smollm2"
+    older_dirs = [dirs[dtype][v - 2], dirs[dtype][v - 1]]
+    cfg = run_config(base / f"run-{dtype}", dirs[dtype][v], model, "short", "single")
+    judge = make_judge(cfg, base / f"run-{dtype}", older_dirs)
+    maker = Maker(cfg, base / f"run-{dtype}", name="cheater")
+    maker.counter = first_counter(seen, only)
+    maker.policy = len(older_dirs)
+
+    def todo(name, dtype=dtype):
+        if quick_smollm2 and name not in QUICK_SMOLLM2[dtype]:
+            return 0
+        if only is not None and name not in only:
+            return 0
+        return max(0, files - seen.get((model, dtype, name), 0))
+
+    def add(name, key, data, dtype=dtype, judge=judge):
+        log.add(judged(judge, name, key, data, model, dtype, curve=not quick_smollm2))
+
+    # what makes each behaviour's next file; every file takes the next counter of the
+    # one node
+    makers: list = [("honest", lambda rep: maker.file())]  # the control, honest curve
+    for name, cheat in cheats.items():
+
+        def cheating(rep, cheat=cheat):
+            if hasattr(cheat, "seed"):
+                cheat.seed = rep
+            return maker.file(cheat)
+
+        makers.append((name, cheating))
+    for name, k in m.older.items():
+        smart_name = name.replace("stale", "head-start")
+        if dtype == "float32" and not name.startswith("stale"):
+            continue
+        if name.startswith("stale") and todo(smart_name):  # the same, proved by the claimed
+            smart = HeadStart(dirs[dtype][k], smart_name)
+            makers.append((smart_name, lambda rep, smart=smart: maker.file(smart)))
+        if not todo(name):
+            continue
+        other = run_config(base / f"run-{dtype}", dirs[dtype][k], model, "short", "single")
+        liar = Maker(other, base / f"run-{dtype}", name="cheater")  # same node, same run
+        liar.policy = maker.policy
+
+        def lying(rep, liar=liar):
+            liar.counter = maker.counter
+            made = liar.file()
+            maker.counter = liar.counter
+            return made
+
+        makers.append((name, lying))
+    if dtype == "bfloat16":
+
+        def replay(rep):  # an honest file passed off as a later assignment's
+            _, first = maker.file(step=maker.policy + 1)
+            key, _ = maker.file(step=maker.policy + 2)
+            rows = [r | {"step": maker.policy + 2} for r in read_rollouts(first)]
+            return key, write_rollouts(rows)
+
+        makers.append(("replay", replay))
+    left = {name: todo(name) for name, _ in makers}
+    for rep in range(max(left.values(), default=0)):
+        for name, make in makers:
+            if rep < left[name]:
+                add(name, *make(rep))
+
+
 def detection(
     m: Matrix, model: str, files: int, work: Path, log: Log, seen: dict, only: set | None = None
 ) -> None:
@@ -112,57 +192,10 @@ def detection(
     base = work / f"{model}-detect"
     dirs = tuned_versions(m, model, work)
     v = m.versions
-    quick_smollm2 = m.quick and model == "smollm2"
     runs = [("bfloat16", behaviours("bfloat16")), ("float32", {})]
     runs[1][1]["bf16-claims-f32"] = behaviours("float32")["bf16-claims-f32"]
     for dtype, cheats in runs:
-        older_dirs = [dirs[dtype][v - 2], dirs[dtype][v - 1]]
-        cfg = run_config(base / f"run-{dtype}", dirs[dtype][v], model, "short", "single")
-        judge = make_judge(cfg, base / f"run-{dtype}", older_dirs)
-        maker = Maker(cfg, base / f"run-{dtype}", name="cheater")
-        maker.counter = first_counter(seen, only)
-        maker.policy = len(older_dirs)
-
-        def todo(name, dtype=dtype):
-            if quick_smollm2 and name not in QUICK_SMOLLM2[dtype]:
-                return 0
-            if only is not None and name not in only:
-                return 0
-            return max(0, files - seen.get((model, dtype, name), 0))
-
-        def add(name, key, data, dtype=dtype, judge=judge):
-            log.add(judged(judge, name, key, data, model, dtype, curve=not quick_smollm2))
-
-        for _ in range(todo("honest")):  # the control, and the honest curve
-            add("honest", *maker.file())
-        for name, cheat in cheats.items():
-            for rep in range(todo(name)):
-                if hasattr(cheat, "seed"):
-                    cheat.seed = rep
-                add(name, *maker.file(cheat))
-        for name, k in m.older.items():
-            if not todo(name) or (dtype == "float32" and not name.startswith("stale")):
-                continue
-            other = run_config(base / f"run-{dtype}", dirs[dtype][k], model, "short", "single")
-            liar = Maker(other, base / f"run-{dtype}", name="cheater")  # same node, same run
-            liar.counter, liar.policy = maker.counter + 100, maker.policy
-            for _ in range(todo(name)):
-                add(name, *liar.file())
-            maker.counter = liar.counter
-        for name, k in m.older.items():  # the same, proved by the claimed version
-            smart = name.replace("stale", "head-start")
-            if name.startswith("stale") and todo(smart):
-                cheat = HeadStart(dirs[dtype][k], smart)
-                for _ in range(todo(smart)):
-                    add(smart, *maker.file(cheat))
-        if dtype != "bfloat16":
-            continue
-        for _ in range(todo("replay")):  # an honest file passed off as a later assignment's
-            _, first = maker.file(step=maker.policy + 1)
-            key, _ = maker.file(step=maker.policy + 2)
-            later = maker.policy + 2
-            relabelled = write_rollouts([r | {"step": later} for r in read_rollouts(first)])
-            add("replay", key, relabelled)
+        _detection_in(m, model, dtype, cheats, dirs, base, files, log, seen, only)
     if model != "tiny":
         return
     # the environment's cheats, on the tiny model's tool trajectories

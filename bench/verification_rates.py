@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from rollout_files import Maker, issued, make_judge, small_run  # noqa: E402, F401
 from verification_detection import detection, judged, policy_distance  # noqa: E402, F401
-from verification_report import calibration_key, report  # noqa: E402
+from verification_report import calibration_key, frozen_test, report  # noqa: E402
 from verification_setup import (  # noqa: E402
     Log,
     Matrix,
@@ -240,9 +240,10 @@ def main() -> None:
             honest_rates(m, model, targets[model], (shard, shards), work, log, t0)
     if args.only != "honest" and shard == 0:
         for model in models:
-            seen: dict = {}
+            seen: dict = {}  # files judged by today's rule (under every freeze)
+            today = frozen_test(latest=True)
             for r in log.records():
-                if r["kind"] == "cheat" and r["model"] == model:
+                if r["kind"] == "cheat" and r["model"] == model and today(r):
                     k = (r["model"], r["dtype"], r["behaviour"])
                     seen[k] = seen.get(k, 0) + 1
             detection(m, model, args.cheat_files, work, log, seen, only)
