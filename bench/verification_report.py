@@ -328,8 +328,20 @@ def out_of_sample(records: list[dict]) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| model | honest rollouts | files | false rejections | at the dtype defaults |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    oos = result["out_of_sample"]
+    lines = [f"Out of sample, since {oos['frozen_commit']} (checks 1-9) and since "
+             f"{oos.get('draws', {}).get('frozen_commit')} (check 9's token choices):", "",
+             "| model | rule | honest rollouts | files | false rejections | 95% bound per file |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for rule, per in (("checks 1-9", oos.get("models", {})),
+                      ("token choices", oos.get("draws", {}).get("models", {}))):  # fmt: skip
+        for m, x in per.items():
+            bound = f"{x['bound95_per_file']:.2%}" if x["bound95_per_file"] else "-"
+            lines.append(f"| {m} | {rule} | {x['rollouts']:,} | {x['files']:,} | "
+                         f"{x['false_rejections']} | {bound} |")  # fmt: skip
+    lines += ["", "All records, in sample and out:", "",
+              "| model | honest rollouts | files | false rejections | at the dtype defaults |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for m, n in result["honest_rollouts"].items():
         shown = [", ".join(f"{k} {v}" for k, v in result[name][m].items()) or "0"
                  for name in ("false_rejections", "false_rejections_at_defaults")]  # fmt: skip
@@ -342,8 +354,8 @@ def markdown(result: dict) -> str:
                 lines.append(f"| {m} | {dtype} | {s} | {x['max']:.3g} | {x['mean']:.3g} | "
                              f"{x['sd']:.2g} | {x['threshold']:.3g} | {x['margin_sd'] or '-'} |")  # fmt: skip
     lines += ["", "| model | behaviour | files | caught | check | tokens to detect (median / max)"
-              " | honest files rejected at the median's length |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
+              " | honest files rejected at the median's length | by today's rule: caught"
+              " (95% lower bound) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for m, per in result["detection"].items():
         for name, b in per.items():
             t = b["tokens_to_detect"]
@@ -351,14 +363,16 @@ def markdown(result: dict) -> str:
             checks = ", ".join(f"{k} {v}" for k, v in b["checks"].items())
             h = b.get("honest_rejected_at_that_length")
             honest = f"{h['rejected']} of {h['files']}" if h else "-"
-            lines.append(
-                f"| {m} | {name} | {b['files']} | {b['caught']} | {checks} | {shown} | {honest} |"
-            )
+            n, k = b["files_since_frozen"], b["caught_since_frozen"]
+            today = f"{k} of {n} ({b['caught_lower95_since_frozen']:.1%})" if n else "-"
+            lines.append(f"| {m} | {name} | {b['files']} | {b['caught']} | {checks} | {shown} | "
+                         f"{honest} | {today} |")  # fmt: skip
     return "\n".join(lines)
 
 
 GROUPS = {
-    "another model": ("stale_1", "stale_2", "older-1", "older-2", "older-10", "base",
+    "another model": ("stale_1", "stale_2", "head-start_1", "head-start_2", "older-1",
+                      "older-2", "older-10", "base",
                       "noise-0.001", "noise-0.01", "noise-0.05"),
     "lower precision": ("fp8", "int8", "int4", "bf16-claims-f32"),
     "the sampler": ("temperature-0.9", "temperature-1.1", "top-p-0.9", "greedy", "wrong-seed",
