@@ -91,13 +91,14 @@ def judged(
             **provenance()}  # fmt: skip
 
 
-def first_counter(seen: dict, only: set | None) -> int:
+def first_counter(written: int, only: set | None) -> int:
     """Where a detection run's file counters start (a file's seeds and key derive from
-    its counter): past every counter an earlier run on this log used (a run uses fewer
+    its counter): past every counter an earlier run on this log used (`written`: the
+    model's detection files in the log, whatever rule judged them; a run uses fewer
     than 1,000 a file it writes, and 1,000 at most when it writes none), and, for runs
     side by side on other behaviours (`only`), in a range of their own."""
-    lane = zlib.crc32(",".join(sorted(only)).encode()) % 1000 if only else 0
-    return 10**9 * lane + 1000 * (1 + sum(seen.values()))
+    lane = zlib.crc32(",".join(sorted(only)).encode()) % 100_000 if only else 0
+    return 10**9 * lane + 1000 * (1 + written)
 
 
 def _detection_in(
@@ -110,6 +111,7 @@ def _detection_in(
     files: int,
     log: Log,
     seen: dict,
+    written: int,
     only: set | None,
 ) -> None:
     """The behaviours of `detection` against the version published in `dtype`, their
@@ -120,7 +122,7 @@ def _detection_in(
     cfg = run_config(base / f"run-{dtype}", dirs[dtype][v], model, "short", "single")
     judge = make_judge(cfg, base / f"run-{dtype}", older_dirs)
     maker = Maker(cfg, base / f"run-{dtype}", name="cheater")
-    maker.counter = first_counter(seen, only)
+    maker.counter = first_counter(written, only)
     maker.policy = len(older_dirs)
 
     def todo(name, dtype=dtype):
@@ -181,10 +183,18 @@ def _detection_in(
 
 
 def detection(
-    m: Matrix, model: str, files: int, work: Path, log: Log, seen: dict, only: set | None = None
+    m: Matrix,
+    model: str,
+    files: int,
+    work: Path,
+    log: Log,
+    seen: dict,
+    written: int = 0,
+    only: set | None = None,
 ) -> None:
     """The detection matrix of `model`: every behaviour (or those in `only`), `files`
-    files each (minus those `seen` in the log already), against the fine-tuning's last
+    files each (minus those `seen` in the log already, by today's rule; `written`: all
+    of the model's detection files in the log), against the fine-tuning's last
     version, published in bfloat16 (and in float32: the stale versions, and the bfloat16
     worker that claims float32). The validator holds the two versions before the claimed
     one (the version check)."""
@@ -195,7 +205,7 @@ def detection(
     runs = [("bfloat16", behaviours("bfloat16")), ("float32", {})]
     runs[1][1]["bf16-claims-f32"] = behaviours("float32")["bf16-claims-f32"]
     for dtype, cheats in runs:
-        _detection_in(m, model, dtype, cheats, dirs, base, files, log, seen, only)
+        _detection_in(m, model, dtype, cheats, dirs, base, files, log, seen, written, only)
     if model != "tiny":
         return
     # the environment's cheats, on the tiny model's tool trajectories
@@ -203,7 +213,7 @@ def detection(
     cfg = run_config(base / "run-tools", dirs["bfloat16"][v], model, "short", "tools")
     judge = make_judge(cfg, base / "run-tools", older_dirs)
     maker = Maker(cfg, base / "run-tools", name="cheater")
-    maker.counter = first_counter(seen, only)
+    maker.counter = first_counter(written, only)
     maker.policy = len(older_dirs)
     # loose-tool-limits needs tools with limits (the calculator, the Python tool), which
     # the tiny model never calls: tests/unit/test_multiturn.py catches it on one

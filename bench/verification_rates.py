@@ -82,7 +82,7 @@ from swarmrl.protocol.rollouts import read_rollouts  # noqa: E402
 # calibrate): each file's figures are recorded, and compared with the thresholds later
 LIFTED = ["validator.sampling_tolerance=10.0", "validator.logprob_tolerance=10.0",
           "validator.sampling_mean_tolerance=10.0", "validator.calibrate=false",
-          "validator.version_check_ratio=1e-300", "validator.version_draws_alpha=0"]  # fmt: skip
+          "validator.version_check_ratio=1e-300", "validator.version_draws_alpha=1e-300"]  # fmt: skip
 BATCHES = {"tiny": (1, 8, 64), "smollm2": (1, 32)}
 PASSES = 8  # rounds over the honest conditions (each loads its models once a round)
 
@@ -241,12 +241,14 @@ def main() -> None:
     if args.only != "honest" and shard == 0:
         for model in models:
             seen: dict = {}  # files judged by today's rule (under every freeze)
-            today = frozen_test(latest=True)
+            today, written = frozen_test(latest=True), 0
             for r in log.records():
-                if r["kind"] == "cheat" and r["model"] == model and today(r):
-                    k = (r["model"], r["dtype"], r["behaviour"])
-                    seen[k] = seen.get(k, 0) + 1
-            detection(m, model, args.cheat_files, work, log, seen, only)
+                if r["kind"] == "cheat" and r["model"] == model:
+                    written += 1
+                    if today(r):
+                        k = (r["model"], r["dtype"], r["behaviour"])
+                        seen[k] = seen.get(k, 0) + 1
+            detection(m, model, args.cheat_files, work, log, seen, written, only)
             distance = any(r["kind"] == "distance" and r["model"] == model for r in log.records())
             if not distance and only is None and not (m.quick and model == "smollm2"):
                 policy_distance(m, model, work, log)

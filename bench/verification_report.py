@@ -67,10 +67,19 @@ def version_rejects(stats: dict) -> bool:
 
 
 def draws_rejects(stats: dict) -> bool:
-    """Whether check 9's comparison of token choices (the sign test) at its default
-    rejects a file with these statistics (recorded with its rule lifted)."""
-    alpha = ValidatorConfig().version_draws_alpha
-    return any(stats.get(f"version_draws_p_{k}", 1.0) < alpha for k in (1, 2))
+    """Whether what check 9 added at the second freeze rejects a file with these
+    statistics (recorded with its rules lifted): the sign test on token choices at its
+    default, against the version before the claimed one or two back, and the log-prob
+    comparison two back where only the token choices led to it (the first freeze's
+    rule went two back only on the log-probs' word)."""
+    v = ValidatorConfig()
+    if any(stats.get(f"version_draws_p_{k}", 1.0) < v.version_draws_alpha for k in (1, 2)):
+        return True
+    via_draws = stats.get("version_error_ratio_1", 1.0) >= 1.0
+    return via_draws and (
+        stats.get("version_error_ratio_2", 1.0) < v.version_check_ratio
+        and stats.get("version_t_2", 0.0) >= v.version_check_t
+    )
 
 
 def threshold(stat: str, dtype: str, tol: dict | None = None) -> float:
@@ -82,10 +91,11 @@ def threshold(stat: str, dtype: str, tol: dict | None = None) -> float:
     return t[dtype] if isinstance(t, dict) else t
 
 
-def rejected_by(r: dict, tol: dict | None = None) -> list[str]:
+def rejected_by(r: dict, tol: dict | None = None, draws: bool = True) -> list[str]:
     """The checks that reject an honest file judged with lifted sampling tolerances: the
     check that failed, or each statistic past its threshold (`tol`: the tolerances the
-    condition's validator calibrated; None: the dtype's defaults)."""
+    condition's validator calibrated; None: the dtype's defaults). `draws` False: by the
+    first freeze's rule, without what check 9 added at the second."""
     if r["check"]:
         return [r["check"]]
     out = [
@@ -93,7 +103,8 @@ def rejected_by(r: dict, tol: dict | None = None) -> list[str]:
         for s, x in r["stats"].items()
         if s in STATS and x > threshold(s, r["dtype"], tol)
     ]
-    return out + (["version"] if version_rejects(r["stats"]) else [])
+    out += ["version"] if version_rejects(r["stats"]) else []
+    return out + (["version_draws"] if draws and draws_rejects(r["stats"]) else [])
 
 
 def draws_out_of_sample(records: list[dict], frozen: dict) -> dict:
@@ -240,7 +251,12 @@ def lower95(k: int, n: int) -> float:
         return 0.0
 
     def at_least_k(p: float) -> float:
-        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+        if p <= 0.0 or p >= 1.0:
+            return float(p >= 1.0)
+        lg = math.lgamma(n + 1)
+        return sum(math.exp(lg - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                            + i * math.log(p) + (n - i) * math.log1p(-p))
+                   for i in range(k, n + 1))  # fmt: skip
 
     lo, hi = 0.0, 1.0
     for _ in range(60):
@@ -316,7 +332,7 @@ def out_of_sample(records: list[dict]) -> dict:
         rollouts = sum(r["rollouts"] for r in mine)
         tuned = sum(r["rollouts"] for r in mine if r.get("version") == "tuned")
         run = sum(r["rollouts"] for r in mine if r.get("version_source") == "run")
-        bad = sum(bool(rejected_by(r, cals.get(calibration_key(r)))) for r in mine)
+        bad = sum(bool(rejected_by(r, cals.get(calibration_key(r)), draws=False)) for r in mine)
         out["models"][model] = {
             "rollouts": rollouts, "files": len(mine), "tuned_share": round(tuned / rollouts, 3),
             "real_run_share": round(run / rollouts, 3),

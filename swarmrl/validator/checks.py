@@ -430,10 +430,12 @@ def _finite(hidden: torch.Tensor, logits: torch.Tensor) -> bool:
     return bool(torch.isfinite(hidden).all()) and bool(torch.isfinite(logits).all())
 
 
-def older_figures(ctx: Context, backend, rows: list[dict]) -> tuple[list[float], list]:
+def older_figures(ctx: Context, backend, rows: list[dict]) -> tuple[list[float], list] | None:
     """Each sample's mean absolute difference between its reported log-probs and those of
     the policy `backend` holds, and which of its tokens fall short of that policy's
-    seeded Gumbel-max choice (the model's tokens only), from one prefill."""
+    seeded Gumbel-max choice (the model's tokens only), from one prefill. None when
+    that policy's states or logits are not finite on some sample (the file passed
+    check 8 on the claimed version: the older one cannot tell anything against it)."""
     s = ctx.cfg.sampling
     errors, behind = [math.nan] * len(rows), [None] * len(rows)
     batches = backend.prefill_batches(
@@ -442,7 +444,9 @@ def older_figures(ctx: Context, backend, rows: list[dict]) -> tuple[list[float],
         max_tokens=ctx.max_batch_tokens,
     )
     for batch in batches:
-        for j, _, logits in batch:
+        for j, hidden, logits in batch:
+            if not _finite(hidden, logits):
+                return None
             r = rows[j]
             tokens = torch.tensor(r["completion_tokens"], device=logits.device)
             claimed = torch.tensor(r["completion_logprobs"], dtype=torch.float32)
@@ -508,7 +512,10 @@ def check_version(
     version only (`claimed_behind`: check 8's, under the claimed one) and rejects when
     the sign test's p-value that the claimed version is the one they follow is under
     `alpha` (`draws_p_value`; 0: off)."""
-    mine, older_behind = older_figures(ctx, older, rows)
+    figures = older_figures(ctx, older, rows)
+    if figures is None:
+        return {"version_error_ratio": 1.0, "older_not_finite": 1}
+    mine, older_behind = figures
     diff = [c - o for c, o in zip(claimed, mine, strict=True)]
     mean_c = sum(claimed) / len(claimed)
     mean_o = sum(mine) / len(mine)

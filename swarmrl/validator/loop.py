@@ -213,7 +213,9 @@ class Judge:
                 behind, vc.version_draws_alpha,
             )  # fmt: skip
             stats |= {f"{k}_{back}": x for k, x in got.items()}
-            closer = got.get("version_draws_claimed", 0) > got.get("version_draws_older", 0)
+            closer = vc.version_draws_alpha > 0 and got.get("version_draws_claimed", 0) > got.get(
+                "version_draws_older", 0
+            )
             if not (got["version_error_ratio"] < 1.0 or closer):
                 break
         return stats

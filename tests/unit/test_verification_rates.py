@@ -287,13 +287,18 @@ def test_the_token_choice_comparison_is_counted_from_its_own_freeze(tmp_path, mo
               "check": "", "version": "tuned", "commit": "new", **stamp,
               "stats": {"version_draws_p_1": 0.3}}  # fmt: skip
     flagged = honest | {"stats": {"version_draws_p_1": 1e-6}}
+    # two back only because the token choices led there (the log-probs' ratio was not
+    # under 1): the first freeze's rule never went there, the second's rejects
+    two_back = honest | {"stats": {"version_draws_p_1": 0.2, "version_error_ratio_1": 3.0,
+                                   "version_error_ratio_2": 0.5, "version_t_2": 4.0}}  # fmt: skip
     base = honest | {"version": "base", "stats": {}}  # no older version: the test cannot run
     before = honest | {"commit": "between"}
-    got = report([honest, honest, flagged, base, before])["out_of_sample"]
-    assert got["models"]["m"]["files"] == 5  # the first freeze counts them all
+    got = report([honest, honest, flagged, two_back, base, before])["out_of_sample"]
+    assert got["models"]["m"]["files"] == 6  # the first freeze counts them all
+    assert got["models"]["m"]["false_rejections"] == 0  # by its own rule
     draws = got["draws"]
     assert draws["frozen_commit"] == "second" and draws["code_matches_frozen"]
-    assert draws["models"]["m"] == {"rollouts": 96, "files": 3, "false_rejections": 1,
+    assert draws["models"]["m"] == {"rollouts": 128, "files": 4, "false_rejections": 2,
                                     "real_run_share": 0.0, "bound95_per_file": None}  # fmt: skip
     caught = {"kind": "cheat", "model": "m", "dtype": "bfloat16", "behaviour": "head-start_1",
               "caught": True, "check": "version", "tokens_to_detect": 9, "curve": [],
@@ -301,3 +306,37 @@ def test_the_token_choice_comparison_is_counted_from_its_own_freeze(tmp_path, mo
     older_rule = caught | {"commit": "between", "caught": False, "check": "accepted"}
     got = report([caught, older_rule])["detection"]["m"]["head-start_1"]
     assert (got["files"], got["files_since_frozen"], got["caught_since_frozen"]) == (2, 1, 1)
+
+
+def test_an_older_version_that_breaks_down_tells_nothing_against_the_file(versions):
+    """A held older version whose logits are not finite (a broken checkpoint on the
+    validator's side) leaves the file to checks 1-8: its NaN must not count as the
+    sender's tokens following it, nor its log-prob error as evidence."""
+    from bench.verification_cheats import save_version
+    from bench.verification_rates import LIFTED
+    from swarmrl.models.loading import load_model
+
+    tmp, older, newer = versions
+    broken = load_model(str(older))
+    with torch.no_grad():
+        broken.lm_head.weight.fill_(float("nan"))
+    broken_dir = save_version(broken, older, "float32", tmp / "broken")
+    cfg = small_run(tmp, newer, *LIFTED[:-2])
+    judge = make_judge(cfg, tmp, [broken_dir])
+    maker = Maker(cfg, tmp, name="honest-beside-broken")
+    maker.policy = 1
+    key, data = maker.file()
+    v = judge.judge(key, data, issued=issued(key))
+    assert v.accepted, (v.check, v.reason)
+    assert v.stats["older_not_finite_1"] == 1
+
+
+def test_a_continued_detection_run_starts_past_every_earlier_counter():
+    from bench.verification_detection import first_counter
+
+    # an earlier run that wrote 3 files used at most 1,000 counters a file past its start
+    first = first_counter(0, None)
+    assert first_counter(3, None) >= first + 3 * 1000
+    # runs side by side on other behaviours: ranges of their own, a billion apart
+    a, b = first_counter(0, {"stale_1"}), first_counter(0, {"stale_2"})
+    assert a // 10**9 != b // 10**9 and a % 10**9 == b % 10**9 == first
