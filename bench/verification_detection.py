@@ -29,8 +29,7 @@ from swarmrl.validator.checks import Reject, check_with_model
 
 # `--quick` judges SmolLM2 (half a minute a file here) on these behaviours only, by dtype,
 # without tokens-to-detect curves; the tiny model on every behaviour, with them
-QUICK_SMOLLM2 = {"bfloat16": ("honest", "stale_1", "stale_2", "head-start_1"),
-                 "float32": ("stale_1", "stale_2")}  # fmt: skip
+QUICK_SMOLLM2 = {"bfloat16": ("honest", "stale_1", "stale_2"), "float32": ("stale_1", "stale_2")}
 
 
 def prefix_rejected(judge, ctx, rows: list[dict], policy: int) -> bool:
