@@ -86,6 +86,15 @@ class ValidatorConfig(Section):
         description="The paired t statistic (claimed version's error minus the older's, "
         "per sample) the version check needs, beside version_check_ratio.",
     )
+    version_check_min_samples: int = Field(
+        8,
+        ge=2,
+        le=1 << 20,
+        description="The fewest samples a file needs for the version check's log-prob "
+        "comparison: with fewer, the paired t statistic has too little spread to weigh "
+        "(one sample has none) and the comparison is skipped; the token-choice test still "
+        "runs. Files hold worker.group_size x worker.groups_per_file samples.",
+    )
     version_draws_alpha: float = Field(
         1e-4,
         ge=0.0,

@@ -40,12 +40,15 @@ def tolerance_fingerprint() -> str:
 
 
 def draws_tolerances() -> dict:
-    """The numbers of check 9's comparison of token choices across versions (the sign
-    test, added after the freeze above and frozen on its own: its honest files are
-    counted from its own commit; docs/verification-frozen.json `draws`)."""
+    """The numbers of check 9 set after the freeze above, frozen on their own: the
+    comparison of token choices across versions (the sign test) and the fewest samples
+    its log-prob comparison weighs (a rule for files shorter than any the first
+    freeze's counts judged). Its honest files are counted from its own commit;
+    docs/verification-frozen.json `draws`."""
     v = ValidatorConfig()
     return {"version_draws_alpha": v.version_draws_alpha, "test": "one-sided sign test",
-            "then_two_back": "error ratio under 1 or more tokens following the older"}  # fmt: skip
+            "then_two_back": "error ratio under 1 or more tokens following the older",
+            "logprob_min_samples": v.version_check_min_samples}  # fmt: skip
 
 
 def draws_fingerprint() -> str:

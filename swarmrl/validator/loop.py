@@ -210,7 +210,7 @@ class Judge:
                 break
             got = check_version(
                 ctx, engine, rows, errors, vc.version_check_ratio, vc.version_check_t,
-                behind, vc.version_draws_alpha,
+                behind, vc.version_draws_alpha, vc.version_check_min_samples,
             )  # fmt: skip
             stats |= {f"{k}_{back}": x for k, x in got.items()}
             closer = vc.version_draws_alpha > 0 and got.get("version_draws_claimed", 0) > got.get(

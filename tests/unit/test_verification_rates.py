@@ -145,6 +145,14 @@ def test_the_version_check_tells_a_stale_policy_from_the_claimed_one(versions):
     off = make_judge(small_run(tmp, newer, *LIFTED[:-2], "validator.version_check=false"), tmp,
                      [older])  # fmt: skip
     assert off.judge(key, data, issued=issued(key)).accepted  # what check 9 adds
+    # a file of fewer samples than version_check_min_samples (these hold 12) is not
+    # judged by the log-prob comparison, however clearly the older version explains it
+    few = make_judge(small_run(tmp, newer, *LIFTED[:-2], "validator.version_check_min_samples=13",
+                               "validator.version_draws_alpha=0"), tmp, [older])  # fmt: skip
+    v = few.judge(key, data, issued=issued(key))
+    assert v.accepted, (v.check, v.reason)
+    assert v.stats["version_error_ratio_1"] < judge.cfg.validator.version_check_ratio
+    assert v.stats["version_t_1"] >= judge.cfg.validator.version_check_t
 
 
 @pytest.fixture(scope="module")
