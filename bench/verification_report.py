@@ -222,7 +222,47 @@ def report(records: list[dict]) -> dict:
             b["tokens_to_detect"] = {"median": ttd[len(ttd) // 2], "max": ttd[-1]} if ttd else None
             dtype = "float32" if name.endswith("(float32)") else "bfloat16"
             b["honest_rejected_at_that_length"] = honest_at(cheats, model, dtype, ttd)
+    out["node_draws"] = node_draws([r for r in cheats if since(r)])
     return out
+
+
+NODE_WINDOW = 16  # files a node's token-choice counts would be summed over
+
+
+def node_draws(cheats: list[dict], alpha: float = 1e-4, window: int = NODE_WINDOW) -> dict:
+    """What summing check 9's token-choice counts over a node's files would catch: a
+    projection from the recorded counts of each file (version one back), not a check
+    the validator runs. Each behaviour's files, in the order they were made, stand for
+    one node that behaves so every time; the node is caught by the first file that its
+    own checks reject, or whose sign test over the counts of the node's last `window`
+    files (since it was last caught) is under `alpha`. Then a fresh node starts. Per
+    behaviour: files, nodes caught, files each needed (median / max), and files left
+    uncaught at the end; for the honest control, every node caught is a false one."""
+    from swarmrl.validator.checks import sign_test_p
+
+    out: dict = {}
+    for r in sorted(cheats, key=lambda r: r.get("at", 0)):
+        name = r["behaviour"] if r["dtype"] == "bfloat16" else f"{r['behaviour']} ({r['dtype']})"
+        n = out.setdefault(r["model"], {}).setdefault(
+            name, {"files": 0, "nodes_caught": 0, "by_sum": 0, "needed": [], "open": []}
+        )
+        n["files"] += 1
+        s = r.get("stats", {})
+        n["open"].append((s.get("version_draws_older_1", 0), s.get("version_draws_claimed_1", 0)))
+        recent = n["open"][-window:]
+        b, c = sum(x for x, _ in recent), sum(y for _, y in recent)
+        summed = sign_test_p(b, c) < alpha
+        if r["caught"] or summed:
+            n["nodes_caught"] += 1
+            n["by_sum"] += summed and not r["caught"]
+            n["needed"].append(len(n["open"]))
+            n["open"] = []
+    for per in out.values():
+        for n in per.values():
+            need = sorted(n.pop("needed"))
+            n["files_to_catch"] = {"median": need[len(need) // 2], "max": need[-1]} if need else None
+            n["uncaught_at_end"] = len(n.pop("open"))
+    return {"window": window, "alpha": alpha, "models": out}
 
 
 def honest_at(cheats: list[dict], model: str, dtype: str, ttd: list[int]) -> dict | None:
@@ -383,6 +423,17 @@ def markdown(result: dict) -> str:
             today = f"{k} of {n} ({b['caught_lower95_since_frozen']:.1%})" if n else "-"
             lines.append(f"| {m} | {name} | {b['files']} | {b['caught']} | {checks} | {shown} | "
                          f"{honest} | {today} |")  # fmt: skip
+    nd = result.get("node_draws", {})
+    lines += ["", f"Summing the token-choice counts over a node's last {nd.get('window')} files "
+              "(a projection from the recorded counts, by today's rule; not built):", "",
+              "| model | behaviour | files | nodes caught | of them by the sum | files to catch "
+              "(median / max) | files uncaught at the end |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for m, per in nd.get("models", {}).items():
+        for name, n in per.items():
+            f = n["files_to_catch"]
+            shown = f"{f['median']} / {f['max']}" if f else "-"
+            lines.append(f"| {m} | {name} | {n['files']} | {n['nodes_caught']} | {n['by_sum']} | "
+                         f"{shown} | {n['uncaught_at_end']} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -476,13 +476,18 @@ def draws_p_value(claimed_behind: list, older_behind: list) -> tuple[int, int, f
             continue
         c += int((mine & ~theirs).sum())
         b += int((theirs & ~mine).sum())
+    return b, c, sign_test_p(b, c)
+
+
+def sign_test_p(b: int, c: int) -> float:
+    """The chance of `c` or more of b + c at one half (one-sided sign test), in log space."""
     n = b + c
     log_half = n * math.log(0.5)
     terms = [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + log_half
              for k in range(c, n + 1)]  # fmt: skip
     top = max(terms, default=0.0)
     p = math.exp(top) * sum(math.exp(x - top) for x in terms) if n else 1.0
-    return b, c, min(p, 1.0)
+    return min(p, 1.0)
 
 
 def check_version(

@@ -348,3 +348,27 @@ def test_a_continued_detection_run_starts_past_every_earlier_counter():
     # runs side by side on other behaviours: ranges of their own, a billion apart
     a, b = first_counter(0, {"stale_1"}), first_counter(0, {"stale_2"})
     assert a // 10**9 != b // 10**9 and a % 10**9 == b % 10**9 == first
+
+
+def test_summing_a_nodes_token_choice_counts_catches_a_head_start_no_file_shows_alone():
+    """The report's projection: a node whose every file has 4 tokens short under the
+    claimed version only (p 0.06 a file) is caught once 14 such tokens add up (its 4th
+    file; 0.5**14 < 1e-4 < 0.5**13), a file its own checks reject starts a fresh node,
+    and honest counts (the older version missed, never the claimed one alone) never
+    add up to a catch."""
+    from bench.verification_report import node_draws
+
+    def rec(name, b, c, caught=False, at=0.0):
+        return {"model": "m", "dtype": "bfloat16", "behaviour": name, "caught": caught, "at": at,
+                "stats": {"version_draws_older_1": b, "version_draws_claimed_1": c}}  # fmt: skip
+
+    files = [rec("head-start", 0, 4, at=i) for i in range(10)]
+    files[5] = rec("head-start", 0, 0, caught=True, at=5)  # the sampling check, say
+    files += [rec("honest", 5, 0, at=20 + i) for i in range(50)]
+    got = node_draws(files)["models"]["m"]
+    hs = got["head-start"]
+    # files 0-3: caught by the sum at the 4th; file 4 alone then file 5 caught by its
+    # own check; files 6-9: caught by the sum at the 4th again
+    assert (hs["nodes_caught"], hs["by_sum"]) == (3, 2)
+    assert hs["files_to_catch"] == {"median": 4, "max": 4} and hs["uncaught_at_end"] == 0
+    assert got["honest"]["nodes_caught"] == 0 and got["honest"]["uncaught_at_end"] == 50
