@@ -260,7 +260,9 @@ def node_draws(cheats: list[dict], alpha: float = 1e-4, window: int = NODE_WINDO
     for per in out.values():
         for n in per.values():
             need = sorted(n.pop("needed"))
-            n["files_to_catch"] = {"median": need[len(need) // 2], "max": need[-1]} if need else None
+            n["files_to_catch"] = (
+                {"median": need[len(need) // 2], "max": need[-1]} if need else None
+            )
             n["uncaught_at_end"] = len(n.pop("open"))
     return {"window": window, "alpha": alpha, "models": out}
 
