@@ -52,12 +52,15 @@ def calibration_key(r: dict) -> str:
     return key if r.get("version", "base") == "base" else f"{key}-{r['version']}"
 
 
-def version_rejects(stats: dict) -> bool:
+def version_rejects(stats: dict, samples: int | None = None) -> bool:
     """Whether the version check's log-prob comparison (validator/checks.py, check 9) at
     its defaults rejects a file with these statistics (recorded with its rule lifted),
     as frozen: the version two back only where the one before explains the log-probs
-    at least as well as the claimed one."""
+    at least as well as the claimed one. `samples`: the file's, to which the second
+    freeze's fewest samples apply (None: the first freeze's rule, which had none)."""
     v = ValidatorConfig()
+    if samples is not None and samples < v.version_check_min_samples:
+        return False
     backs = (1, 2) if stats.get("version_error_ratio_1", 1.0) < 1.0 else (1,)
     return any(
         stats.get(f"version_error_ratio_{k}", 1.0) < v.version_check_ratio
@@ -103,7 +106,7 @@ def rejected_by(r: dict, tol: dict | None = None, draws: bool = True) -> list[st
         for s, x in r["stats"].items()
         if s in STATS and x > threshold(s, r["dtype"], tol)
     ]
-    out += ["version"] if version_rejects(r["stats"]) else []
+    out += ["version"] if version_rejects(r["stats"], r.get("rollouts") if draws else None) else []
     return out + (["version_draws"] if draws and draws_rejects(r["stats"]) else [])
 
 
@@ -229,7 +232,7 @@ def report(records: list[dict]) -> dict:
 NODE_WINDOW = 16  # files a node's token-choice counts would be summed over
 
 
-def node_draws(cheats: list[dict], alpha: float = 1e-4, window: int = NODE_WINDOW) -> dict:
+def node_draws(cheats: list[dict], alpha: float | None = None, window: int = NODE_WINDOW) -> dict:
     """What summing check 9's token-choice counts over a node's files would catch: a
     projection from the recorded counts of each file (version one back), not a check
     the validator runs. Each behaviour's files, in the order they were made, stand for
@@ -237,8 +240,13 @@ def node_draws(cheats: list[dict], alpha: float = 1e-4, window: int = NODE_WINDO
     own checks reject, or whose sign test over the counts of the node's last `window`
     files (since it was last caught) is under `alpha`. Then a fresh node starts. Per
     behaviour: files, nodes caught, files each needed (median / max), and files left
-    uncaught at the end; for the honest control, every node caught is a false one."""
+    uncaught at the end; for the honest control, every node caught is a false one. The
+    sum is tested again at every file, so an honest node's chance of a false catch
+    grows with its files: a built check would need its honest rate per file measured,
+    as the per-file test's is. `alpha`: the validator's default sign-test level."""
     from swarmrl.validator.checks import sign_test_p
+
+    alpha = ValidatorConfig().version_draws_alpha if alpha is None else alpha
 
     out: dict = {}
     for r in sorted(cheats, key=lambda r: r.get("at", 0)):

@@ -499,7 +499,7 @@ def check_version(
     t_min: float,
     claimed_behind: list | None = None,
     alpha: float = 0.0,
-    min_samples: int = 2,
+    min_samples: int = 8,
 ) -> dict:
     """Check 9: which version explains the file. `claimed`: each sample's mean log-prob
     error against the claimed version (check 8's); `older`: a backend holding the version

@@ -44,7 +44,9 @@ def draws_tolerances() -> dict:
     comparison of token choices across versions (the sign test) and the fewest samples
     its log-prob comparison weighs (a rule for files shorter than any the first
     freeze's counts judged). Its honest files are counted from its own commit;
-    docs/verification-frozen.json `draws`."""
+    docs/verification-frozen.json `draws`. The fewest samples also bear on the first
+    freeze's log-prob comparison: its counts stand while the number is at most 32, the
+    fewest samples of any file they judged."""
     v = ValidatorConfig()
     return {"version_draws_alpha": v.version_draws_alpha, "test": "one-sided sign test",
             "then_two_back": "error ratio under 1 or more tokens following the older",
