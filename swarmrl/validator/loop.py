@@ -113,6 +113,13 @@ class Judge:
         self.weights = weights
         self.key = key
         self.make_engine = make_engine if cfg.validator.version_check else None
+        per_file = cfg.worker.group_size * cfg.worker.groups_per_file
+        if self.make_engine and per_file < cfg.validator.version_check_min_samples:
+            log.warning(
+                "files of this run hold %d samples, under validator.version_check_min_samples "
+                "(%d): the version check compares only their token choices, not their "
+                "log-probs", per_file, cfg.validator.version_check_min_samples,
+            )  # fmt: skip
         # version -> an engine holding it, for check 9 (at most OLDER_ENGINES)
         self.older: dict[int, PrefillEngine] = {}
         self.ctx = make_context(cfg, load_tokenizer(cfg.model.path), backend)

@@ -121,7 +121,7 @@ def versions(random_model_dir, tmp_path_factory):
     return tmp, older, newer
 
 
-def test_the_version_check_tells_a_stale_policy_from_the_claimed_one(versions):
+def test_the_version_check_tells_a_stale_policy_from_the_claimed_one(versions, caplog):
     """Files generated with the version before the claimed one, claiming it, with the
     sampling check's tolerances lifted so that only check 9 can tell: rejected as
     `version`; honest files from the claimed version pass it, with the older version's
@@ -149,6 +149,7 @@ def test_the_version_check_tells_a_stale_policy_from_the_claimed_one(versions):
     # judged by the log-prob comparison, however clearly the older version explains it
     few = make_judge(small_run(tmp, newer, *LIFTED[:-2], "validator.version_check_min_samples=13",
                                "validator.version_draws_alpha=0"), tmp, [older])  # fmt: skip
+    assert "compares only their token choices" in caplog.text  # said when it starts
     v = few.judge(key, data, issued=issued(key))
     assert v.accepted, (v.check, v.reason)
     assert v.stats["version_error_ratio_1"] < judge.cfg.validator.version_check_ratio
