@@ -425,7 +425,7 @@ def markdown(result: dict) -> str:
     for m, per in result["detection"].items():
         for name, b in per.items():
             t = b["tokens_to_detect"]
-            shown = f"{t['median']} / {t['max']}" if t else "-"
+            shown = f"{t['median']} / {t['max']}" if t and t["median"] is not None else "-"
             checks = ", ".join(f"{k} {v}" for k, v in b["checks"].items())
             h = b.get("honest_rejected_at_that_length")
             honest = f"{h['rejected']} of {h['files']}" if h else "-"
