@@ -512,8 +512,7 @@ def check_version(
     neither holds, and the file passes: it is then as good as the claimed version's.
     A file of fewer than `min_samples` samples is not judged by this comparison: the
     spread of a few differences says little about the next (one has none, and its t is
-    infinite), and honest SmolLM2 files in bfloat16 fell under the ratio with t >= 2 at
-    one, two and four samples.
+    infinite).
 
     A worker that generates with the older policy and then proves and reports its
     tokens with one prefill of the claimed one (a head start on a version not yet
