@@ -32,16 +32,16 @@ from swarmrl.validator.checks import Reject, check_with_model
 QUICK_SMOLLM2 = {"bfloat16": ("honest", "stale_1", "stale_2"), "float32": ("stale_1", "stale_2")}
 
 
-def prefix_rejected(judge, ctx, rows: list[dict], policy: int) -> bool:
-    """Whether the model checks (7, 8 and the version check 9) reject these samples."""
+def prefix_rejected(judge, ctx, rows: list[dict], policy: int) -> str:
+    """The model check (7, 8 or the version check 9) that rejects these samples, or ""."""
     try:
         errors: list[float] = []
         behind: list = []
         check_with_model(ctx, judge.backend, rows, errors, behind)
         judge.check_versions(ctx, policy, rows, errors, behind)
-        return False
-    except Reject:
-        return True
+        return ""
+    except Reject as e:
+        return e.check
 
 
 def tokens_to_detect(
@@ -49,8 +49,8 @@ def tokens_to_detect(
 ) -> tuple[int | None, list]:
     """The completion tokens of the shortest leading run of the file's samples that the
     checks reject on their own, and the curve it was found on: [tokens read, samples
-    read, rejected] at 1, 2, 4, ... samples. `full`: the whole curve, rejected or not
-    (an honest file's: its false rejections at each length)."""
+    read, rejected, the check that rejected] at 1, 2, 4, ... samples. `full`: the whole
+    curve, rejected or not (an honest file's: its false rejections at each length)."""
     rows = read_rollouts(data)
     lengths = [len(r["completion_tokens"]) for r in rows]
     if v.accepted and not full:
@@ -63,8 +63,9 @@ def tokens_to_detect(
     curve, k, need = [], 1, None
     while True:
         k = min(k, len(rows))
-        caught = prefix_rejected(judge, ctx, rows[:k], policy)
-        curve.append([sum(lengths[:k]), k, caught])
+        check = prefix_rejected(judge, ctx, rows[:k], policy)
+        caught = bool(check)
+        curve.append([sum(lengths[:k]), k, caught, check])
         if caught and need is None:
             need = sum(lengths[:k])
             if not full:

@@ -72,7 +72,7 @@ def test_tokens_to_detect_is_the_shortest_leading_run_of_samples_caught(files):
     seed = judged(judge, "wrong-seed", key, data, "random", "float32")
     # another seed changes the first sample's tokens: its tokens alone are caught
     assert seed["caught"] and seed["check"] == "sampling"
-    assert seed["tokens_to_detect"] == first and seed["curve"] == [[first, 1, True]]
+    assert seed["tokens_to_detect"] == first and seed["curve"] == [[first, 1, True, "sampling"]]
     reward = judged(judge, "inflated-reward", *maker.file(make_cheat("inflated-reward")),
                     "random", "float32")  # fmt: skip
     assert reward["check"] == "reward" and 0 < reward["tokens_to_detect"] <= reward["file_tokens"]
@@ -80,7 +80,8 @@ def test_tokens_to_detect_is_the_shortest_leading_run_of_samples_caught(files):
                     "random", "float32")  # fmt: skip
     assert hotter["caught"] and hotter["check"] == "sampling", hotter["reason"]
     assert hotter["curve"][-1][::2] == [hotter["tokens_to_detect"], True]
-    assert all(not caught for _, _, caught in hotter["curve"][:-1])
+    assert hotter["curve"][-1][3] == "sampling"  # which check rejected the prefix
+    assert all(not caught and not check for _, _, caught, check in hotter["curve"][:-1])
     # the honest control's whole curve: not rejected at any length read
     assert [c[2] for c in honest["curve"]] == [False] * len(honest["curve"])
     assert honest["curve"][-1][1] == len(read_rollouts(maker.file()[1]))
