@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.verification_nodes import node_draws  # noqa: E402
 from swarmrl.config.validator import ValidatorConfig  # noqa: E402
 from swarmrl.toploc.proof import Thresholds  # noqa: E402
 from swarmrl.validator.calibrate import STAT_OF, tolerances  # noqa: E402
@@ -53,7 +54,7 @@ def calibration_key(r: dict) -> str:
 
 
 def version_rejects(stats: dict, samples: int | None = None) -> bool:
-    """Whether the version check's log-prob comparison (validator/checks.py, check 9) at
+    """Whether the version check's log-prob comparison (validator/version_check.py, check 9) at
     its defaults rejects a file with these statistics (recorded with its rule lifted),
     as frozen: the version two back only where the one before explains the log-probs
     at least as well as the claimed one. `samples`: the file's, to which the second
@@ -227,52 +228,6 @@ def report(records: list[dict]) -> dict:
             b["honest_rejected_at_that_length"] = honest_at(cheats, model, dtype, ttd)
     out["node_draws"] = node_draws([r for r in cheats if since(r)])
     return out
-
-
-NODE_WINDOW = 16  # files a node's token-choice counts would be summed over
-
-
-def node_draws(cheats: list[dict], alpha: float | None = None, window: int = NODE_WINDOW) -> dict:
-    """What summing check 9's token-choice counts over a node's files would catch: a
-    projection from the recorded counts of each file (version one back), not a check
-    the validator runs. Each behaviour's files, in the order they were made, stand for
-    one node that behaves so every time; the node is caught by the first file that its
-    own checks reject, or whose sign test over the counts of the node's last `window`
-    files (since it was last caught) is under `alpha`. Then a fresh node starts. Per
-    behaviour: files, nodes caught, files each needed (median / max), and files left
-    uncaught at the end; for the honest control, every node caught is a false one. The
-    sum is tested again at every file, so an honest node's chance of a false catch
-    grows with its files: a built check would need its honest rate per file measured,
-    as the per-file test's is. `alpha`: the validator's default sign-test level."""
-    from swarmrl.validator.checks import sign_test_p
-
-    alpha = ValidatorConfig().version_draws_alpha if alpha is None else alpha
-
-    out: dict = {}
-    for r in sorted(cheats, key=lambda r: r.get("at", 0)):
-        name = r["behaviour"] if r["dtype"] == "bfloat16" else f"{r['behaviour']} ({r['dtype']})"
-        n = out.setdefault(r["model"], {}).setdefault(
-            name, {"files": 0, "nodes_caught": 0, "by_sum": 0, "needed": [], "open": []}
-        )
-        n["files"] += 1
-        s = r.get("stats", {})
-        n["open"].append((s.get("version_draws_older_1", 0), s.get("version_draws_claimed_1", 0)))
-        recent = n["open"][-window:]
-        b, c = sum(x for x, _ in recent), sum(y for _, y in recent)
-        summed = sign_test_p(b, c) < alpha
-        if r["caught"] or summed:
-            n["nodes_caught"] += 1
-            n["by_sum"] += summed and not r["caught"]
-            n["needed"].append(len(n["open"]))
-            n["open"] = []
-    for per in out.values():
-        for n in per.values():
-            need = sorted(n.pop("needed"))
-            n["files_to_catch"] = (
-                {"median": need[len(need) // 2], "max": need[-1]} if need else None
-            )
-            n["uncaught_at_end"] = len(n.pop("open"))
-    return {"window": window, "alpha": alpha, "models": out}
 
 
 def honest_at(cheats: list[dict], model: str, dtype: str, ttd: list[int]) -> dict | None:

@@ -46,10 +46,10 @@ from swarmrl.validator.calibrate import Calibration, calibrate
 from swarmrl.validator.checks import (
     Context,
     Reject,
-    check_version,
     check_with_model,
     check_without_model,
 )
+from swarmrl.validator.version_check import check_version
 
 log = logging.getLogger("swarmrl.validator")
 # Defaults by the dtype a version runs in; see validator/checks.py, check 8, and the

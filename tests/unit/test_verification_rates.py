@@ -204,7 +204,7 @@ def test_the_version_check_tells_whose_token_choices_a_file_follows(peaked_versi
 
 
 def test_the_sign_test_counts_each_version_missed_alone():
-    from swarmrl.validator.checks import draws_p_value
+    from swarmrl.validator.version_check import draws_p_value
 
     def t(*bits):
         return torch.tensor(bits, dtype=torch.bool)
@@ -358,7 +358,7 @@ def test_summing_a_nodes_token_choice_counts_catches_a_head_start_no_file_shows_
     file; 0.5**14 < 1e-4 < 0.5**13), a file its own checks reject starts a fresh node,
     and honest counts (the older version missed, never the claimed one alone) never
     add up to a catch."""
-    from bench.verification_report import node_draws
+    from bench.verification_nodes import node_draws
 
     def rec(name, b, c, caught=False, at=0.0):
         return {"model": "m", "dtype": "bfloat16", "behaviour": name, "caught": caught, "at": at,
