@@ -106,6 +106,11 @@ def test_an_honest_file_past_a_calibrated_tolerance_counts_as_falsely_rejected()
     assert got["margins"]["m"]["bfloat16"]["mean_logprob_error"]["threshold"] == 5e-4
 
 
+# TOPLOC's thresholds at their loosest: a proof from other weights passes
+PROOF_LIFTED = ["validator.max_exp_mismatches=128", "validator.max_mantissa_mean=128.0",
+                "validator.max_mantissa_median=128.0"]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def versions(random_model_dir, tmp_path_factory):
     """Two versions of a model: the random one, and the next (its weights moved as a
@@ -130,10 +135,14 @@ def test_the_version_check_tells_a_stale_policy_from_the_claimed_one(versions, c
     from bench.verification_rates import LIFTED
 
     tmp, older, newer = versions
-    cfg = small_run(tmp, newer, *LIFTED[:-2])  # check 9 at its defaults
+    # the stale files' TOPLOC proofs are the older version's: a 2% move of the weights
+    # leaves most of them inside the proof's thresholds, not all (CI failed one of 12
+    # samples on proofs), so those are lifted as well, for only check 9 to tell
+    lifted = [*LIFTED[:-2], *PROOF_LIFTED]  # check 9 at its defaults
+    cfg = small_run(tmp, newer, *lifted)
     judge = make_judge(cfg, tmp, [older])
     honest = Maker(cfg, tmp, name="honest")
-    stale = Maker(small_run(tmp, older, *LIFTED[:-2]), tmp, name="stale")
+    stale = Maker(small_run(tmp, older, *lifted), tmp, name="stale")
     honest.policy = stale.policy = 1
     for _ in range(2):
         key, data = honest.file()
@@ -143,12 +152,12 @@ def test_the_version_check_tells_a_stale_policy_from_the_claimed_one(versions, c
         key, data = stale.file()
         v = judge.judge(key, data, issued=issued(key))
         assert not v.accepted and v.check == "version", (v.check, v.reason)
-    off = make_judge(small_run(tmp, newer, *LIFTED[:-2], "validator.version_check=false"), tmp,
+    off = make_judge(small_run(tmp, newer, *lifted, "validator.version_check=false"), tmp,
                      [older])  # fmt: skip
     assert off.judge(key, data, issued=issued(key)).accepted  # what check 9 adds
     # a file of fewer samples than version_check_min_samples (these hold 12) is not
     # judged by the log-prob comparison, however clearly the older version explains it
-    few = make_judge(small_run(tmp, newer, *LIFTED[:-2], "validator.version_check_min_samples=13",
+    few = make_judge(small_run(tmp, newer, *lifted, "validator.version_check_min_samples=13",
                                "validator.version_draws_alpha=0"), tmp, [older])  # fmt: skip
     assert "compares only their token choices" in caplog.text  # said when it starts
     v = few.judge(key, data, issued=issued(key))
