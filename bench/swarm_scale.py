@@ -235,7 +235,7 @@ def scenario(a: argparse.Namespace, cfg, layout, costs):
         steps=a.steps, batch_groups=cfg.trainer.batch_groups,
         groups_per_file=a.groups_per_file, async_level=cfg.async_level,
         max_pending_groups=a.batches_out * cfg.trainer.batch_groups, relays=levels,
-        work_slack_steps=cfg.orchestrator.work_slack_steps,
+        work_slack_steps=cfg.orchestrator.work_slack_steps, assign=cfg.orchestrator.assign,
         relay_mbit=float(layout.links["relay"]), origin_mbit=float(layout.links["trainer"]),
         validators=a.validators, validator_mbit=float(layout.links["validator"]),
         sample_rate=cfg.validator.sample_rate, heartbeat_s=cfg.orchestrator.heartbeat_s,

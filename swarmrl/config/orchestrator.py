@@ -212,15 +212,24 @@ class OrchestratorConfig(Section):
         description="Groups assigned beyond what the trainer still needs "
         "(worker.max_pending_groups, or trainer.batch_groups).",
     )
+    assign: Literal["pipelined", "slack"] = Field(
+        "pipelined",
+        description="Which nodes get new work. `pipelined`: a node whose file, queued "
+        "behind the groups already out at the groups a step has lately taken, would be "
+        "taken for a step its policy is still fresh for (orchestrator/work.py, "
+        "`queued_for`): a node a version behind fills the step being collected while the "
+        "trainer updates, and waits (`late-for-its-step`) once that step's work is out. "
+        "`slack`: only a node whose policy leaves `work_slack_steps` before staleness "
+        "(the rule before pipelining; the planner models both).",
+    )
     work_slack_steps: int = Field(
         1,
         ge=0,
         le=1000,
-        description="New work goes only to a node whose policy leaves its file this many "
-        "steps before it would be stale (at least one step within async_level is always "
-        "allowed): a file begun at the oldest usable policy can only make the batch being "
-        "filled, and in the emulated swarm 93% of those went stale. Not for a node on "
-        "probation (its file is for its verdict). 0: any usable policy.",
+        description='With assign = "slack": new work goes only to a node whose policy '
+        "leaves its file this many steps before it would be stale (at least one step "
+        "within async_level is always allowed). Not for a node on probation (its file is "
+        "for its verdict). 0: any usable policy.",
     )
     assignment_s: float = Field(
         600.0,

@@ -217,14 +217,15 @@ def published(svc: Service, version: int) -> dict:
 
 
 def trainer_files(svc: Service, step: int) -> dict:
-    """Accepted files the trainer may take for `step`, oldest key first."""
+    """Accepted files the trainer may take for `step`, the oldest policy first (the
+    first to go stale; work.queued_for counts on it), then by key."""
     now = svc.clock()
     expires = int(now + 600)
     with svc.db.tx() as cur:
         mark_stale(svc, cur)
         rows = cur.execute(
             "SELECT key, sha256, node, policy, verdict, checked FROM files WHERE state = 'accepted'"
-            " AND void = 0 AND policy >= ? ORDER BY key",
+            " AND void = 0 AND policy >= ? ORDER BY policy, key",
             (step - svc.cfg.async_level,),
         ).fetchall()
         counts = dict(cur.execute("SELECT state, COUNT(*) FROM files GROUP BY state").fetchall())

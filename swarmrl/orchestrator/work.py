@@ -18,10 +18,19 @@ whose node dies or whose deadline passes becomes `orphaned`, and the next
 node that asks for work gets a new assignment that records it
 (`reissue_of`); `cancelled` when its node is ejected.
 
-A new assignment goes only to a node whose policy leaves `orchestrator.
-work_slack_steps` (1) steps of slack before its file would be stale (async_level
-less that, at least 1): a file begun at the oldest usable policy can only make the
-batch being filled, so it mostly arrives stale (the emulated swarm: 486 of 523).
+Pipelined steps (`orchestrator.assign = "pipelined"`): a new assignment goes to a
+node only if its file would still be fresh when the trainer takes it. Where it
+stands in the queue says which step that is (`queued_for`): behind the groups the
+step being collected has taken and every group already out, at the groups a step
+has taken lately (the least of the last three: it counts the groups without
+signal the trainer drops). No work goes out for a step past the run's last
+(`trainer.steps`). So while step n trains and n + 1 is collected, a node
+a version behind (policy n - 1) fills n + 1 instead of waiting for version n; once
+n + 1's work is out, it waits (`late-for-its-step`), and nodes on version n make
+n + 2's. The trainer takes the oldest policy first (files.trainer_files), as the
+estimate assumes. The rule before it (`assign = "slack"`) gave work only to a node
+whose policy left `work_slack_steps` steps before staleness: nobody worked during
+an update, and every second step waited for a version (the "two-step cycle").
 
 How much work is out: the groups of open assignments and of files still on
 their way to the trainer (uploading, pending, accepted) whose policy is
@@ -137,15 +146,17 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
             cur.execute("UPDATE assignments SET state = 'orphaned' WHERE counter = ?", (row[0],))
         answer["wait"] = _why_wait(cfg, run, policy_version)
         probation = admission.on_probation(svc, cur, key)
-        newest_usable = max(1, cfg.async_level - cfg.orchestrator.work_slack_steps)
         # a file on probation is for its verdict, which comes even when it is late for
         # training (mark_stale): a node on a slow link is judged all the same
-        if (
-            answer["wait"] is None
-            and not probation
-            and run["step"] - policy_version > newest_usable
-        ):
-            answer["wait"] = "stale-policy"  # its file could only make the batch being filled
+        if answer["wait"] is None and not probation:
+            if cfg.orchestrator.assign == "slack":
+                newest_usable = max(1, cfg.async_level - cfg.orchestrator.work_slack_steps)
+                if run["step"] - policy_version > newest_usable:
+                    answer["wait"] = "stale-policy"  # its file could only make this batch
+            elif (at := queued_for(svc, cur, run, policy_version)) > cfg.trainer.steps:
+                answer["wait"] = "enough-work"  # the run's last step has its work
+            elif at - policy_version > cfg.async_level:
+                answer["wait"] = "late-for-its-step"  # the work its policy is fresh for is out
         if answer["wait"] is None and admission.cooldown_left(svc, cur, key, now) > 0:
             answer["wait"] = "cooldown"  # it let assignments expire: admission.py
         groups = cfg.worker.groups_per_file
@@ -190,6 +201,37 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
         ).fetchone()
         answer["assignment"] = assignment_dict(svc, cur, row)
         return answer
+
+
+def queued_for(svc: Service, cur, run: dict, policy: int) -> int:
+    """The step a file of `policy` assigned now would be taken for: the one being
+    collected plus one for every step's worth of groups ahead of it (what that step has
+    taken, and every group out: open assignments and files on their way, of proven
+    nodes and of nodes on probation). A step's worth is the least of what the last
+    three steps took (groups without signal included: a step takes more when fewer
+    have signal), or trainer.batch_groups before any step was taken; the least, as a
+    step that takes less than the estimate leaves the files queued behind it for the
+    next, where a file of the oldest usable version is stale. A step that took more
+    than its worth and is still open (short of signal) is worth more than it took. With nothing out, a file of the newest
+    version is for the step being collected: that step needs it, and no newer version
+    comes before the trainer moves on."""
+    cfg = svc.cfg
+    step = run["step"]
+    oldest = step - cfg.async_level
+    ahead = sum(admission.outstanding(svc, cur, oldest, probation) for probation in (False, True))
+    if ahead == 0 and run["policy"] is not None and policy >= run["policy"]:
+        return step
+    taken = dict(
+        cur.execute(
+            "SELECT consumed_step, SUM(groups) FROM files WHERE consumed_step >= ?"
+            " AND consumed_step <= ? GROUP BY consumed_step",
+            (step - 3, step),
+        ).fetchall()
+    )
+    recent = [int(taken[k]) for k in range(step - 3, step) if k in taken]
+    now = int(taken.get(step, 0))
+    per_step = min(recent) if recent else cfg.trainer.batch_groups
+    return step + (now + ahead) // max(per_step, now + 1 if now > per_step else 1)
 
 
 def _why_wait(cfg, run: dict, policy_version: int | None) -> str | None:

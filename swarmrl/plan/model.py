@@ -13,9 +13,12 @@ What is modelled, as the code does it (orchestrator/work.py, trainer/loop.py):
   step takes become stale;
 - a worker asks for work when it has a version and has finished a file; it gets
   an assignment while the groups out (open assignments and files on their way,
-  with a fresh policy) stay within `max_pending_groups`, and only if the version
-  it holds leaves `work_slack_steps` before its file would be stale; told to
-  wait, it asks again as its AskPacer says (inference/pacing.py). It generates
+  with a fresh policy) stay within `max_pending_groups`, and only if its file
+  would be fresh for the step it is queued for (`assign = "pipelined"`: behind
+  the groups out, at the least a recent step took; orchestrator/work.py) or, by the rule before
+  (`assign = "slack"`), if the version it holds leaves `work_slack_steps` before
+  its file would be stale; told to wait, it asks again as its AskPacer says
+  (inference/pacing.py). It generates
   the file (`file_s` core-seconds), uploads it on its link and submits it
   (`submit_s`); the orchestrator spends `orchestrator_s` on each file's
   requests; a share `sample_rate` of files waits for a validator (`validate_s`,
@@ -92,6 +95,8 @@ class _Run:
         self.steps_done: list[tuple[float, float]] = []  # (end, update seconds)
         self.staleness: dict[str, int] = {}
         self.carry = 0
+        self.consumed: dict[int, int] = {}  # step -> groups consumed for it
+        self.waited: dict[str, float] = {}  # worker-seconds told to wait, by reason
         origin = swarm.origin_mbit / 8
         self.pools = [Fluid(self.env, origin, "origin")] + [
             Fluid(self.env, n * swarm.relay_mbit / 8, f"relays {i + 1}")
@@ -216,15 +221,16 @@ class _Run:
                     self.files["dropped_no_signal"] += f.groups - signal
                     have += signal
                     used.append(f)
-                    self.consume(f)  # read: no longer out (the orchestrator's `consumed`)
                     if have >= s.batch_groups:
-                        break
+                        break  # consumed once read: after `collect_s`, below
+                    self.consume(f, n)  # read: no longer out (the orchestrator's `consumed`)
                 if have < s.batch_groups:
                     self.arrived = self.env.event()
                     yield self.arrived
             # its next poll for files, the last file's download, check and consumption: its
             # seconds where it had a core to itself, spent as CPU (it slows with the machine)
             yield self.compute(c.collect_s, self.trainer_node, "collect", threads=1.0)
+            self.consume(used[-1], n)
             self.carry = have - s.batch_groups
             for f in used:
                 self.finish(f, "trained")
@@ -287,7 +293,8 @@ class _Run:
         if node["changed"].triggered:
             yield self.env.timeout(min(total, math.ceil(waited / tick) * tick) - waited)
 
-    def consume(self, f: _File) -> None:
+    def consume(self, f: _File, step: int) -> None:
+        self.consumed[step] = self.consumed.get(step, 0) + f.groups
         if f.state == "on_the_way":
             self.out[f.policy] -= f.groups
             self.on_the_way.remove(f)
@@ -305,6 +312,17 @@ class _Run:
         oldest = self.step - self.s.async_level
         return sum(g for p, g in self.out.items() if p >= oldest)
 
+    def queued_for(self, policy: int) -> int:
+        """The step a file of `policy` assigned now would be taken for, as the
+        orchestrator estimates it (orchestrator/work.py, `queued_for`)."""
+        step = self.step
+        taken = [self.consumed[k] for k in range(step - 3, step) if k in self.consumed]
+        now, ahead = self.consumed.get(step, 0), self.outstanding()
+        if ahead == 0 and policy >= max(self.published):
+            return step
+        per_step = min(taken) if taken else self.s.batch_groups
+        return step + (now + ahead) // max(per_step, now + 1 if now > per_step else 1)
+
     # workers and validators
 
     def worker(self, w: Workers, node: dict):
@@ -321,9 +339,24 @@ class _Run:
                     yield self.env.timeout(s.heartbeat_s)
                     continue
                 node["asked"] = node["version"]
-                stale = self.step - node["version"] > max(1, s.async_level - s.work_slack_steps)
-                if stale or self.outstanding() > limit:  # "stale-policy", "enough-work"
+                # "stale-policy", "late-for-its-step" (its file would be stale when taken),
+                # "enough-work" (the cap on the work out, or the budget's steps are covered)
+                late = False
+                full = self.outstanding() > limit
+                if s.assign == "pipelined":
+                    stale = self.step - node["version"] > s.async_level
+                    at = self.queued_for(node["version"])
+                    late = not stale and at - node["version"] > s.async_level
+                    full = full or at > s.steps
+                else:
+                    stale = self.step - node["version"] > max(1, s.async_level - s.work_slack_steps)
+                if stale or late or full:
+                    t0 = self.env.now
                     yield from self.pace(node, until_new_version=stale)
+                    why = (
+                        "stale-policy" if stale else "late-for-its-step" if late else "enough-work"
+                    )
+                    self.waited[why] = self.waited.get(why, 0.0) + self.env.now - t0
                     continue
                 node["pace"] = s.ask_poll_s
                 f = _File(node["version"], s.groups_per_file)
@@ -466,6 +499,7 @@ def simulate(swarm: Swarm, costs: Costs) -> Outcome:
         orchestrator_core_use=round(req_s * costs.request_ms / 1000, 3),
         staleness_histogram=dict(sorted(run.staleness.items())),
         cpu_s={k: round(v, 1) for k, v in sorted(run.cpu.used_by.items())} if run.cpu else {},
+        worker_wait_s={k: round(v, 1) for k, v in sorted(run.waited.items())},
     )
 
 

@@ -51,7 +51,8 @@ class Swarm:
     groups_per_file: int = 2
     async_level: int = 2
     max_pending_groups: int = 0  # 0: batch_groups
-    work_slack_steps: int = 1  # orchestrator.work_slack_steps
+    work_slack_steps: int = 1  # orchestrator.work_slack_steps (assign = "slack")
+    assign: str = "pipelined"  # orchestrator.assign: "pipelined" or "slack"
     relays: list[int] = field(default_factory=lambda: [1])  # relays per level
     relay_mbit: float = 100.0
     origin_mbit: float = 100.0
@@ -86,6 +87,7 @@ class Outcome:
     orchestrator_core_use: float
     staleness_histogram: dict[str, int]
     cpu_s: dict[str, float] = field(default_factory=dict)  # shared machine: by role and task
+    worker_wait_s: dict[str, float] = field(default_factory=dict)  # worker-s told to wait, why
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

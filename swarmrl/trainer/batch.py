@@ -1,8 +1,8 @@
 """Collecting a training batch from the files the orchestrator lists as accepted.
 
 For step n the collector asks its queue (the orchestrator: `GET
-/v1/trainer/files`) for accepted files whose policy is at least
-n − async_level, in key order (step, node, counter), and for each
+/v1/trainer/files`) for accepted files whose policy is at least n − async_level,
+the oldest policy first, then in key order (step, node, counter), and for each
 - downloads it through its signed URL and checks that the bytes are the ones
   submitted (sha256),
 - with validators, takes it only if a trusted validator signed an acceptance

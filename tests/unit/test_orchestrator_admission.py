@@ -346,8 +346,9 @@ def test_a_slow_node_on_probation_gets_work_and_a_verdict_when_its_file_is_late(
         assert o.ok(o.validator, "POST", "/v1/validation/claim", {"max_policy": 10})["file"] is None
         state = o.svc.db.one("SELECT state FROM files WHERE counter = ?", (b["counter"],))
         assert state == [("stale",)]
-    # proven, the slack rule holds: one version behind, a node waits
-    o2 = Orch(tmp_path / "b", "async_level=2")  # no probation: every node is proven
+    # proven, the slack rule (assign = "slack") holds: one version behind, a node waits
+    # (pipelined, it would fill the step being collected: test_orchestrator_pipeline.py)
+    o2 = Orch(tmp_path / "b", "async_level=2", "orchestrator.assign=slack")  # all proven
     o2.register(proven)
     o2.open_step(3, 2)
     assert o2.assignment(proven, 1)["wait"] == "stale-policy"

@@ -426,10 +426,11 @@ def test_postgres_connections_that_die_are_replaced(orch, request):
     ],
 )
 def test_new_work_needs_a_step_of_slack_before_staleness(orch, overrides, held, wait):
-    """At async_level 2, a node holding policy step - 2 (one version behind the newest)
-    waits for the newer one: its file could only make the batch being filled (most such
-    files went stale in the emulated swarm). With work_slack_steps=0 it gets work."""
-    o = orch(*overrides)
+    """The rule before pipelining (orchestrator.assign = "slack"; the pipelined rule:
+    test_orchestrator_pipeline.py): at async_level 2, a node holding policy step - 2 (one
+    version behind the newest) waits for the newer one. With work_slack_steps=0 it gets
+    work."""
+    o = orch("orchestrator.assign=slack", *overrides)
     node = o.worker("n")
     o.register(node)
     o.open_step(3, 2)  # collecting for step 3; version 2 published

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import sqlite3
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import simpy
@@ -63,13 +64,14 @@ def test_a_groups_jobs_share_its_cap_and_claim_with_one_weight():
     assert cores.used_by == pytest.approx({"worker file": 1.0, "worker fetch": 0.5, "other": 3.0})
 
 
+ROOT = Path(__file__).resolve().parents[2]
 COSTS = Costs(file_s=4.0, train_s=1.0, validate_s=0.5, load_s=0.2, version_mb=10.0)
 
 
 def test_the_model_trains_every_step_and_times_the_tree():
     swarm = Swarm(workers=[Workers(8, 80.0)], steps=5, batch_groups=8, groups_per_file=2,
                   relays=[1], relay_mbit=80.0, origin_mbit=80.0, validators=1,
-                  sample_rate=0.0)  # fmt: skip
+                  sample_rate=0.0, assign="slack")  # fmt: skip
     out = simulate(swarm, Costs(**{**COSTS.__dict__, "train_s": 30.0}))  # no overlapping versions
     assert out.steps == 5
     assert out.files["trained"] == 5 * 8 // 2
@@ -93,15 +95,46 @@ def test_the_model_trains_every_step_and_times_the_tree():
 
 
 def test_more_work_out_makes_files_staler():
+    """Under the rule before pipelining (`slack`), which hands out work up to the cap."""
+
     def run(batches: int):
         swarm = Swarm(workers=[Workers(32, 100.0, cores=0.25)], steps=10, batch_groups=16,
                       groups_per_file=2, max_pending_groups=16 * batches, relays=[1, 2],
-                      validators=2, host_cores=2.0)  # fmt: skip
+                      validators=2, host_cores=2.0, assign="slack")  # fmt: skip
         return simulate(swarm, COSTS)
 
     one, three = run(1), run(3)
     assert three.stale_fraction > one.stale_fraction
     assert three.files["generated"] > one.files["generated"]
+
+
+def test_pipelined_steps_make_no_file_that_goes_stale_and_never_starve_a_step():
+    """Pipelined (the orchestrator's default): a node a version behind fills the step
+    being collected, and no work is queued past what its version is fresh for, nor past
+    the run's last step. Against the slack rule on the same swarm: far fewer stale
+    files, fewer worker-seconds told to wait for a version, and a step short of signal
+    (70% of its groups without signal) still gets the work it needs."""
+
+    # the costs measured under the emulated swarm's load (docs/results.md), its links
+    costs = Costs(**json.loads((ROOT / "docs" / "plan-costs-open-swarm.json").read_text()))
+    links = [Workers(10, 10.0, cores=0.25), Workers(11, 50.0, cores=0.25),
+             Workers(11, 100.0, cores=0.25)]  # fmt: skip
+
+    def run(assign: str, signal: float = 1.0):
+        swarm = Swarm(workers=links, steps=12, batch_groups=16, groups_per_file=2,
+                      max_pending_groups=32, relays=[1, 2], validators=2, host_cores=2.0,
+                      sample_rate=0.25, assign=assign)  # fmt: skip
+        return simulate(swarm, dataclasses.replace(costs, signal=signal))
+
+    slack, pipelined = run("slack"), run("pipelined")
+    assert slack.stale_fraction > 0.1
+    assert pipelined.stale_fraction <= 0.02
+    assert pipelined.worker_wait_s.get("stale-policy", 0.0) < slack.worker_wait_s["stale-policy"]
+    assert pipelined.files["trained"] == slack.files["trained"]
+    short = run("pipelined", signal=0.3)
+    # a step short of signal ends sooner or later than its estimate: some files of the
+    # oldest usable version miss their step (4.8% here against 0% by the slack rule)
+    assert short.steps == 12 and short.stale_fraction < 0.1
 
 
 def test_costs_are_read_from_a_runs_records(tmp_path):

@@ -1,0 +1,110 @@
+"""Pipelined steps (orchestrator/work.py, `queued_for`): a node gets work when its file
+would still be fresh for the step it is queued for, so a node a version behind fills
+the step being collected while the trainer updates, and waits once that step's work is
+out; the trainer takes the oldest policy first."""
+
+from __future__ import annotations
+
+from swarmrl.protocol.identity import public_key_hex
+from swarmrl.protocol.rollouts import write_rollouts
+from tests.unit.test_dashboard_api import _rows
+
+# no cap on the work out (worker.max_pending_groups): only the pipelining rule refuses;
+# every file accepted at once (no validators)
+FREE = ("async_level=2", "worker.max_pending_groups=100000", "validator.enabled=false")
+
+
+def _workers(o, prefix: str, n: int) -> list:
+    nodes = [o.worker(f"{prefix}{i}") for i in range(n)]
+    for node in nodes:
+        o.register(node)
+    return nodes
+
+
+def test_a_node_a_version_behind_fills_the_step_being_collected_then_waits(orch):
+    o = orch(*FREE)
+    batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
+    o.open_step(3, 2)  # step 3 collected while 2 trains: the newest version is 2
+    behind = _workers(o, "behind", batch // per_file + 1)
+    # policy 1 is fresh for step 3 only (3 - 1 = async_level): a step's worth of its work
+    for node in behind[:-1]:
+        answer = o.assignment(node, 1)
+        assert answer["wait"] is None and answer["assignment"]["policy_step"] == 1
+    # step 3's groups are out: the next file would be taken for step 4, stale for policy 1
+    assert o.assignment(behind[-1], 1)["wait"] == "late-for-its-step"
+    # policy 2 is fresh for steps 3 and 4: a node holding it takes step 4's work, and
+    # once that is out too, waits as well
+    current = _workers(o, "current", batch // per_file + 1)
+    for node in current[:-1]:
+        assert o.assignment(node, 2)["assignment"]["policy_step"] == 2
+    assert o.assignment(current[-1], 2)["wait"] == "late-for-its-step"
+
+
+def test_the_rule_before_pipelining_keeps_a_node_a_version_behind_waiting(orch):
+    o = orch(*FREE, "orchestrator.assign=slack")
+    o.open_step(3, 2)
+    (node,) = _workers(o, "behind", 1)
+    assert o.assignment(node, 1)["wait"] == "stale-policy"  # with nothing out at all
+
+
+def _submit(o, node, policy: int) -> str:
+    a = o.assignment(node, policy)["assignment"]
+    data = write_rollouts(_rows(public_key_hex(node), a["step"], policy))
+    return o.upload(node, a["counter"], data)["key"]
+
+
+def test_a_step_is_worth_what_the_last_steps_took(orch):
+    """Groups without signal are dropped, so a step takes more than trainer.batch_groups:
+    the estimate follows the median of the last three steps' takings."""
+    o = orch(*FREE)
+    batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
+    files_a_step = batch // per_file + 1  # a step that takes a file more than its batch
+    nodes = _workers(o, "w", files_a_step)
+    for step in (1, 2):
+        o.open_step(step, step - 1)
+        keys = [_submit(o, node, step - 1) for node in nodes]
+        got = o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": step, "keys": keys})
+        assert sorted(got["consumed"]) == sorted(keys)
+    o.open_step(3, 2)
+    for node in nodes:  # a version behind: as many files as a step took, not as a batch holds
+        assert o.assignment(node, 1)["wait"] is None
+    (late,) = _workers(o, "late", 1)
+    assert o.assignment(late, 1)["wait"] == "late-for-its-step"
+
+
+def test_the_trainer_takes_the_oldest_policy_first(orch):
+    o = orch(*FREE)
+    o.open_step(3, 2)
+    # the newer file's key sorts first (its node's key is the lower): by key it would go first
+    newer, older = sorted(_workers(o, "n", 2), key=public_key_hex)
+    first = _submit(o, newer, 2)
+    second = _submit(o, older, 1)
+    listed = o.ok(o.trainer, "GET", "/v1/trainer/files", params={"step": 3})["files"]
+    assert [f["key"] for f in listed] == [second, first]
+
+
+def test_a_step_short_of_signal_still_gets_its_work(orch):
+    """The first step, short of signal, takes three batches' worth and still needs
+    more: nodes on version 0 (no newer one comes before step 1 is trained) keep getting
+    its work, as long as nothing else is out."""
+    o = orch(*FREE)
+    batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
+    o.open_step(1, 0)
+    nodes = _workers(o, "w", 3 * batch // per_file)
+    for node in nodes:  # each file taken as it comes
+        key = _submit(o, node, 0)
+        assert o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": 1, "keys": [key]})[
+            "consumed"
+        ] == [key]
+    for node in nodes[:2]:
+        assert o.assignment(node, 0)["wait"] is None
+
+
+def test_no_work_goes_out_for_a_step_past_the_runs_last(orch):
+    o = orch(*FREE, "trainer.steps=3")
+    batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
+    o.open_step(3, 2)  # the last step
+    nodes = _workers(o, "w", batch // per_file + 1)
+    for node in nodes[:-1]:
+        assert o.assignment(node, 2)["wait"] is None
+    assert o.assignment(nodes[-1], 2)["wait"] == "enough-work"  # step 3's work is out
