@@ -4,9 +4,12 @@ bounded (orchestrator/service.py: `Recent`)."""
 
 from __future__ import annotations
 
+from itertools import count
+
 from nacl.signing import SigningKey
 
 from swarmrl.orchestrator.service import MAX_TRACKED, Recent
+from swarmrl.protocol import work_proof
 from tests.unit.orch_util import HW, Orch, pubhex
 
 
@@ -26,10 +29,14 @@ def test_1500_heartbeats_from_unregistered_keys_leave_nothing(tmp_path):
     assert _nonces(o) == nonces and o.snapshot() == before
     # nor do other calls of theirs: reports, uploads, a registration they cannot pay for
     stranger = o.worker("stranger")
+    # a nonce that does not pay for this (random) key: "1" alone did one time in 256
+    unpaid = next(
+        str(n) for n in count(1) if not work_proof.check(o.svc.run_id, pubhex(stranger), str(n), 8)
+    )
     calls = [
         ("/v1/relays/report", {"url": "http://127.0.0.1:9"}),
         ("/v1/uploads", {"counter": 1, "size": 10, "sha256": "0" * 64}),
-        ("/v1/nodes/register", {"role": "worker", "hardware": HW, "work": "1"}),
+        ("/v1/nodes/register", {"role": "worker", "hardware": HW, "work": unpaid}),
     ]
     for path, body in calls:
         assert o.call(stranger, "POST", path, body).status_code == 403, path

@@ -184,7 +184,8 @@ def test_the_dashboard_viewer_refuses_each_bomb(files, tmp_path, monkeypatch):
     )
     o = Orch(tmp_path, "orchestrator.public_rollouts=true", "sampling.max_prompt_tokens=256",
              "sampling.max_new_tokens=512", "worker.group_size=8", "worker.groups_per_file=8",
-             "worker.max_pending_groups=1000")  # fmt: skip
+             "worker.max_pending_groups=1000",
+             "orchestrator.assign=slack")  # many files out at once, none consumed  # fmt: skip
     w = o.worker("w")
     o.register(w)
     o.open_step(5, 4)
