@@ -36,7 +36,7 @@ one, as in a run, so the version check (check 9) is judged too.
 `--quick` is a small run into its own file and work directory: the tiny model's
 whole matrix with a fine-tuning of 3 versions, SmolLM2's stale behaviours beside an
 honest control file (no honest-rate conditions, no weight-noise distance: a SmolLM2
-file takes half a minute here, a calibration a minute).
+file takes half a minute here, a calibration one to two minutes).
 
 The engines: the worker side runs the transformers engine; vLLM's, where it is
 installed (`make vllm`), as a further condition. The validator runs its default
@@ -51,6 +51,7 @@ Usage: .venv/bin/python bench/verification_rates.py [--quick] [--models tiny,smo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -156,6 +157,8 @@ def calibrations(m: Matrix, model: str, conds: list[dict], work: Path, log: Log)
         ctx = judge.ctx
         used = {"logprob": ctx.logprob_tolerance, "sampling": ctx.sampling_tolerance,
                 "sampling_mean": ctx.sampling_mean_tolerance}  # fmt: skip
+        if ctx.logprob_noise is not None:  # a short file's allowance (validator/calibrate.py)
+            used["noise"] = dataclasses.asdict(ctx.logprob_noise)
         log.add({"kind": "calibration", "cond": cid, "model": model, "dtype": c["dtype"],
                  "length": c["length"], "turns": c["turns"],
                  "validator_threads": c["validator_threads"], "version": c["version"],

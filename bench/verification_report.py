@@ -10,6 +10,7 @@ Usage: .venv/bin/python bench/verification_report.py runs/verification/rates.jso
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import math
@@ -23,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 from bench.verification_nodes import node_draws  # noqa: E402
 from swarmrl.config.validator import ValidatorConfig  # noqa: E402
 from swarmrl.toploc.proof import Thresholds  # noqa: E402
-from swarmrl.validator.calibrate import STAT_OF, tolerances  # noqa: E402
+from swarmrl.validator.calibrate import STAT_OF, noise, tolerances  # noqa: E402
+from swarmrl.validator.checks import LogprobNoise  # noqa: E402
 from swarmrl.validator.frozen import draws_fingerprint, tolerance_fingerprint  # noqa: E402
 from swarmrl.validator.loop import (  # noqa: E402
     LOGPROB_TOLERANCE,
@@ -86,11 +88,16 @@ def draws_rejects(stats: dict) -> bool:
     )
 
 
-def threshold(stat: str, dtype: str, tol: dict | None = None) -> float:
+def threshold(stat: str, dtype: str, tol: dict | None = None, tokens: int = 0) -> float:
     """The threshold of `stat`: the calibrated tolerance `tol` where given, else the
-    dtype's default."""
+    dtype's default. A calibration that recorded a file's allowance for its own noise
+    (`tol["noise"]`, validator/calibrate.py) sets the log-prob error's threshold of a
+    file of `tokens` tokens (0: the calibrated tolerance alone)."""
     if tol is not None and stat in CALIBRATED:
-        return tol[CALIBRATED[stat]]
+        t = tol[CALIBRATED[stat]]
+        if stat == "mean_logprob_error" and tol.get("noise") and tokens:
+            t = LogprobNoise(**tol["noise"]).limit(t, tokens)
+        return t
     t = STATS[stat][1]
     return t[dtype] if isinstance(t, dict) else t
 
@@ -102,10 +109,11 @@ def rejected_by(r: dict, tol: dict | None = None, draws: bool = True) -> list[st
     first freeze's rule, without what check 9 added at the second."""
     if r["check"]:
         return [r["check"]]
+    tokens = r["stats"].get("logprob_tokens", r.get("tokens", 0))
     out = [
         STATS[s][0]
         for s, x in r["stats"].items()
-        if s in STATS and x > threshold(s, r["dtype"], tol)
+        if s in STATS and x > threshold(s, r["dtype"], tol, tokens)
     ]
     out += ["version"] if version_rejects(r["stats"], r.get("rollouts") if draws else None) else []
     return out + (["version_draws"] if draws and draws_rejects(r["stats"]) else [])
@@ -158,7 +166,10 @@ def calibrated(r: dict) -> dict:
     if not r.get("measured"):
         return r["tolerances"]
     defaults = {k: threshold(s, r["dtype"]) for s, k in CALIBRATED.items()}
-    return tolerances(r["measured"], r["dtype"], defaults)
+    out = tolerances(r["measured"], r["dtype"], defaults)
+    if "spread" in r["measured"]:  # measured with a spread: a file's noise allowed too
+        out["noise"] = dataclasses.asdict(noise(r["measured"], defaults))
+    return out
 
 
 def report(records: list[dict]) -> dict:
@@ -184,7 +195,7 @@ def report(records: list[dict]) -> dict:
         for dtype in sorted({r["dtype"] for r in mine}):
             tols = [t for k, t in cals.items() if k.startswith(f"{model}-{dtype}-")]
             # the tightest tolerance any of the conditions' validators calibrated to
-            tol = {k: min(t[k] for t in tols) for k in tols[0]} if tols else None
+            tol = {k: min(t[k] for t in tols) for k in STAT_OF} if tols else None
             out["calibrated"][model][dtype] = tol
             ok = [r for r in mine if r["dtype"] == dtype and not r["check"]]
             out["margins"][model][dtype] = margins(ok, dtype, tol)

@@ -117,6 +117,22 @@ def _failing(check: str, what: str, bad: list[int], n: int) -> None:
         raise Reject(check, f"{len(bad)} of {n} samples {what} (samples {shown})", bad)
 
 
+@dataclass(frozen=True)
+class LogprobNoise:
+    """A file's allowance for its own noise in the mean log-prob error, set by the
+    validator's calibration (validator/calibrate.py): `center` plus `scale` over the
+    square root of the file's tokens, at most `cap` (the dtype's default)."""
+
+    center: float
+    scale: float
+    cap: float
+
+    def limit(self, tolerance: float, tokens: int) -> float:
+        """The log-prob tolerance of a file of `tokens` tokens: `tolerance`, or the
+        allowance for its noise where that is larger."""
+        return max(tolerance, min(self.cap, self.center + self.scale / math.sqrt(max(tokens, 1))))
+
+
 @dataclass
 class Context:
     """What the checks need besides the file: the run's config, tokenizer and task
@@ -136,6 +152,7 @@ class Context:
     max_prompt_tokens: int = 4096
     decode_timeout_s: float = DECODE_TIMEOUT_S  # the file's decoding, at most
     issued: dict | None = None  # the file's assignment as the orchestrator issued it
+    logprob_noise: LogprobNoise | None = None  # calibrated: a short file's larger allowance
 
     def with_issued(self, issued: dict) -> Context:
         """This context for one file's assignment as the orchestrator issued it: its
@@ -411,16 +428,20 @@ def check_with_model(
     # a systematic difference (another precision, other weights) does not
     mean_lp = lp_sum / max(lp_count, 1)
     stats["mean_logprob_error"] = mean_lp
+    stats["logprob_tokens"] = lp_count
+    limit = ctx.logprob_tolerance
+    if ctx.logprob_noise is not None:
+        limit = ctx.logprob_noise.limit(limit, lp_count)
     if errors is not None:
         errors[:] = per_sample
     if behind is not None:
         behind[:] = short_of
-    if not mean_lp <= ctx.logprob_tolerance:  # written so that NaN fails
+    if not mean_lp <= limit:  # written so that NaN fails
         worst_samples = sorted(range(len(rows)), key=lambda i: -per_sample[i])[:10]
         raise Reject(
             "sampling",
             f"reported log-probs differ from the policy's by {mean_lp:.2e} on average "
-            f"(tolerance {ctx.logprob_tolerance:.2g})",
+            f"(tolerance {limit:.2g} for {lp_count} tokens)",
             worst_samples,
         )
     return stats

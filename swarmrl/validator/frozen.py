@@ -10,7 +10,16 @@ import json
 
 from swarmrl.config.validator import ValidatorConfig
 from swarmrl.toploc.proof import Thresholds
-from swarmrl.validator.calibrate import FACTOR, FLOOR, GROUPS, PER_LOGPROB
+from swarmrl.validator.calibrate import (
+    FACTOR,
+    FILE_Z,
+    FLOOR,
+    MAX_FILES,
+    MIN_GROUPS,
+    MIN_TOKENS,
+    PER_LOGPROB,
+    UPPER_T,
+)
 from swarmrl.validator.checks import REWARD_TOLERANCE
 from swarmrl.validator.loop import LOGPROB_TOLERANCE, SAMPLING_MEAN_TOLERANCE, SAMPLING_TOLERANCE
 
@@ -26,7 +35,8 @@ def frozen_tolerances() -> dict:
         "defaults": {"logprob": LOGPROB_TOLERANCE, "sampling": SAMPLING_TOLERANCE,
                      "sampling_mean": SAMPLING_MEAN_TOLERANCE},
         "calibration": {"factor": FACTOR, "per_logprob": PER_LOGPROB, "floor": FLOOR,
-                        "groups": GROUPS},
+                        "min_tokens": MIN_TOKENS, "min_groups": MIN_GROUPS,
+                        "max_files": MAX_FILES, "upper_t": UPPER_T, "file_z": FILE_Z},
         "toploc": dataclasses.asdict(Thresholds()),
         "config": {k: getattr(v, k) for k in (
             "max_exp_mismatches", "max_mantissa_mean", "max_mantissa_median", "calibrate",

@@ -199,6 +199,7 @@ class Judge:
             logprob_tolerance=tol["logprob"],
             sampling_tolerance=tol["sampling"],
             sampling_mean_tolerance=tol["sampling_mean"],
+            logprob_noise=cal.noise if cal is not None and given["logprob"] is None else None,
         )
 
     def check_versions(
@@ -267,6 +268,7 @@ class Judge:
                 logprob_tolerance=self.ctx.logprob_tolerance,
                 sampling_tolerance=self.ctx.sampling_tolerance,
                 sampling_mean_tolerance=self.ctx.sampling_mean_tolerance,
+                logprob_noise=self.ctx.logprob_noise,
             )
             errors: list[float] = []
             behind: list = []

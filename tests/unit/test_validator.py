@@ -113,8 +113,13 @@ def test_in_bfloat16_honest_files_pass_and_every_cheat_is_rejected(bf16_setup):
 
     cfg, tmp, judge, maker = bf16_setup
     assert maker.backend.running_dtype == judge.backend.running_dtype == "bfloat16"
+    from swarmrl.validator.calibrate import MIN_GROUPS, MIN_TOKENS
+
     cal = judge.calibrations["bfloat16"]
     assert cal is not None and cal.measured["mean_logprob_error"] > 0
+    # measured on enough tokens and prompt groups to see their spread
+    assert cal.measured["tokens"] >= MIN_TOKENS and cal.measured["groups"] >= MIN_GROUPS
+    assert cal.measured["spread"] > 0 and judge.ctx.logprob_noise == cal.noise
     assert judge.ctx.logprob_tolerance == cal.tolerances["logprob"]
     assert (
         FLOOR["bfloat16"]["logprob"] <= judge.ctx.logprob_tolerance < LOGPROB_TOLERANCE["bfloat16"]
@@ -163,7 +168,7 @@ def test_tolerances_set_in_the_config_are_not_calibrated(bf16_setup, tmp_path):
     cfg = small_run(tmp_path, tmp / "version", "validator.logprob_tolerance=0.05")
     judge = make_judge(cfg, tmp_path)
     cal = judge.calibrations["bfloat16"]
-    assert judge.ctx.logprob_tolerance == 0.05
+    assert judge.ctx.logprob_tolerance == 0.05 and judge.ctx.logprob_noise is None  # as it is
     assert judge.ctx.sampling_mean_tolerance == cal.tolerances["sampling_mean"]
     off = make_judge(small_run(tmp_path, tmp / "version", "validator.calibrate=false"), tmp_path)
     assert off.calibrations == {} and off.ctx.logprob_tolerance == 0.1

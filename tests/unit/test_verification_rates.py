@@ -13,7 +13,17 @@ from bench.verification_rates import Maker, issued, judged, make_judge, small_ru
 from bench.verification_report import report
 from swarmrl.protocol.rollouts import read_rollouts
 from swarmrl.sim.registry import make_cheat
-from swarmrl.validator.calibrate import FACTOR, FLOOR, PER_LOGPROB, tolerances
+from swarmrl.validator.calibrate import (
+    FACTOR,
+    FILE_Z,
+    FLOOR,
+    PER_LOGPROB,
+    UPPER_T,
+    noise,
+    spread,
+    tolerances,
+)
+from swarmrl.validator.checks import LogprobNoise
 
 
 def test_weights_are_rounded_to_the_integer_grid_of_each_group():
@@ -51,6 +61,35 @@ def test_calibration_only_tightens_between_the_floor_and_the_default():
     rare = tolerances(dict(zip(stats, (8e-3, 0.0, 0.0), strict=True)), "bfloat16", defaults)
     assert rare["sampling"] == pytest.approx(PER_LOGPROB["sampling"] * 8e-3)
     assert rare["sampling_mean"] == pytest.approx(PER_LOGPROB["sampling_mean"] * 8e-3)
+
+
+def test_the_spread_is_the_groups_deviation_scaled_to_one_token():
+    """Two groups of 10 and 30 tokens with mean errors 0.1 and 0.3: the token-weighted
+    mean is 0.25; the ratio estimator's variance, per group of 20 tokens on average,
+    (10^2 * 0.15^2 + 30^2 * 0.05^2) / (2 - 1) / 20 = 0.225 per token."""
+    mean, per_token = spread([(10, 0.1), (30, 0.3)])
+    assert mean == pytest.approx(0.25)
+    assert per_token == pytest.approx(math.sqrt(0.225))
+    assert spread([(10, 0.1)]) == (pytest.approx(0.1), 0.0)  # one group: no spread
+
+
+def test_a_calibration_errs_towards_leniency_and_a_short_file_gets_its_noise():
+    """The mean error is taken UPPER_T standard errors over its estimate; a file's
+    log-prob tolerance is the larger of FACTOR times that and that plus FILE_Z of the
+    file's standard errors, never above the dtype's default."""
+    defaults = {"logprob": 0.1, "sampling": 1.0, "sampling_mean": 0.005}
+    measured = {"mean_logprob_error": 0.008, "spread": 0.06, "tokens": 3600,
+                "worst_sampling_margin": 0.0, "mean_sampling_margin": 0.0}  # fmt: skip
+    upper = 0.008 + UPPER_T * 0.06 / 60
+    tol = tolerances(measured, "bfloat16", defaults)
+    assert tol["logprob"] == pytest.approx(FACTOR["logprob"] * upper)
+    assert tol["sampling"] == pytest.approx(PER_LOGPROB["sampling"] * upper)
+    n = noise(measured, defaults)
+    assert n == LogprobNoise(pytest.approx(upper), pytest.approx(FILE_Z * 0.06), 0.1)
+    assert n.limit(tol["logprob"], 3600) == tol["logprob"]  # a long file: the tolerance
+    assert n.limit(tol["logprob"], 25) == pytest.approx(upper + FILE_Z * 0.06 / 5)
+    assert n.limit(tol["logprob"], 1) == 0.1  # one token: the default, no more
+    assert LogprobNoise(0.01, 0.05, 0.1).limit(0.03, 0) == pytest.approx(0.06)
 
 
 # The bench imports its helpers as top-level modules (bench/ on its path), so the files
@@ -104,6 +143,17 @@ def test_an_honest_file_past_a_calibrated_tolerance_counts_as_falsely_rejected()
     assert got["false_rejections"] == {"m": {"logprob": 1, "proof": 1}}
     assert got["false_rejections_at_defaults"] == {"m": {"proof": 1}}  # 1e-3 < 0.1
     assert got["margins"]["m"]["bfloat16"]["mean_logprob_error"]["threshold"] == 5e-4
+    # a calibration that measured its spread allows a short file its noise: 0.02 over
+    # 10 tokens is within 2.6e-3 + 5 * 0.02 / sqrt(10), over 10,000 tokens it is past
+    # 3 * 2.6e-3 (the mean 2e-3 at its upper bound, 3 * 0.02 / sqrt(10,000) over it)
+    cal |= {"dtype": "bfloat16", "measured": {
+        "mean_logprob_error": 2e-3, "spread": 0.02, "tokens": 10_000,
+        "worst_sampling_margin": 0.0, "mean_sampling_margin": 0.0}}  # fmt: skip
+    stats = base["stats"] | {"mean_logprob_error": 0.02}
+    short = base | {"stats": stats | {"logprob_tokens": 10}}
+    long = base | {"stats": stats | {"logprob_tokens": 10_000}}
+    got = report([short, long, cal])
+    assert got["false_rejections"] == {"m": {"logprob": 1}}
 
 
 # TOPLOC's thresholds at their loosest: a proof from other weights passes
