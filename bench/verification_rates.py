@@ -78,6 +78,7 @@ from verification_setup import (  # noqa: E402
 
 from swarmrl.inference.vllm import vllm_available  # noqa: E402
 from swarmrl.protocol.rollouts import read_rollouts  # noqa: E402
+from swarmrl.validator.frozen import tolerance_fingerprint  # noqa: E402
 
 # honest files are judged with the sampling check's tolerances lifted (and so nothing to
 # calibrate): each file's figures are recorded, and compared with the thresholds later
@@ -142,8 +143,11 @@ def honest(m: Matrix, c: dict, files: int, done: int, work: Path, log: Log) -> N
 
 def calibrations(m: Matrix, model: str, conds: list[dict], work: Path, log: Log) -> None:
     """What a validator of each honest condition calibrates its tolerances to (it does so
-    once, on its first version): one record per dtype, shape and validator threads."""
-    have = {r["cond"] for r in log.records() if r["kind"] == "calibration"}
+    once, on its first version): one record per dtype, shape and validator threads,
+    under today's tolerances (a record under another fingerprint is measured again)."""
+    today = tolerance_fingerprint()
+    have = {r["cond"] for r in log.records()
+            if r["kind"] == "calibration" and r.get("fingerprint") == today}  # fmt: skip
     for c in conds:
         cid = calibration_key(c)
         if cid in have:
