@@ -115,7 +115,7 @@ def cond_id(c: dict) -> str:
 
 
 def honest(m: Matrix, c: dict, files: int, done: int, work: Path, log: Log) -> None:
-    """`files` more honest files of condition `c` (its files `done`+1 ...)."""
+    """`files` more honest files of condition `c` (its files `done`+1 ..., new seeds)."""
     from swarmrl.inference.vllm import VLLMBackend
 
     cid = cond_id(c)
@@ -184,10 +184,16 @@ def honest_rates(m: Matrix, model: str, target: int, shard, work: Path, log: Log
     total = sum(weight.values())
     if shard[0] == 0:
         calibrations(m, model, conds, work, log)
+    # files judged under today's tolerances (a new freeze counts anew), and all files
+    # made (a new file's seeds follow them all: none is made twice)
     done: dict[str, int] = {}
+    made: dict[str, int] = {}
+    today = tolerance_fingerprint()
     for r in log.records():
         if r["kind"] == "honest":
-            done[r["cond"]] = done.get(r["cond"], 0) + 1
+            made[r["cond"]] = made.get(r["cond"], 0) + 1
+            if r.get("fingerprint") == today:
+                done[r["cond"]] = done.get(r["cond"], 0) + 1
     # in PASSES rounds over the conditions, a share of each one's files a round: a run
     # stopped early has judged every condition, not the first ones only
     for round_ in range(1, PASSES + 1):
@@ -197,7 +203,8 @@ def honest_rates(m: Matrix, model: str, target: int, shard, work: Path, log: Log
             upto = math.ceil(want * round_ / PASSES)
             if i % shard[1] != shard[0] or have >= upto:
                 continue
-            honest(m, c, upto - have, have, work, log)
+            honest(m, c, upto - have, made.get(cond_id(c), 0), work, log)
+            made[cond_id(c)] = made.get(cond_id(c), 0) + upto - have
             done[cond_id(c)] = upto
             print(f"{cond_id(c)}: {upto} of {want} files ({time.time() - t0:.0f} s)",
                   file=sys.stderr, flush=True)  # fmt: skip
