@@ -156,6 +156,16 @@ def fates(run: Path, names: dict[str, str], killed: set[str], classes: dict[str,
     }
 
 
+def honest_waste(opened: dict) -> float | None:
+    """Honest files made and never trained, over the honest files made: stale, refused
+    at upload or blamelessly, voided, held by a worker churn killed, failed, or lost
+    (bench/swarm_fates.py); files still queued when the run ended are not counted (a
+    longer run trains them)."""
+    made = opened["honest_files_made"]
+    wasted = sum(n for why, n in opened["wasted"].items() if why != "unused_at_end")
+    return round((wasted + opened["lost"]) / made, 3) if made else None
+
+
 def waste(f: dict, row: dict | None, killed: bool) -> str | None:
     """Why an honest file made was not trained (`unused_at_end`: still queued when the
     run ended), None if it was, or "lost" if neither side can say: a file the worker

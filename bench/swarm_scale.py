@@ -68,6 +68,10 @@ Definitions:
   still queued at the end), and `wasted_fraction` over the honest files made;
   `by_link_class`: files made and trained per worker-core-second (each worker's
   CPU share times its time from start to the run's end), and the share wasted;
+- `honest_waste_fraction`: the done-when figure of issue 52: `open_swarm.wasted`
+  without the files still queued at the end, plus `files.lost`, over the honest files
+  made; `files_per_core_s_by_link`: per link (Mbit/s), honest files trained per
+  worker-core-second (`by_link_class`'s `trained_per_core_s`);
 - `first_accepted_file_s`: per honest worker, seconds from its process's start to
   the submission of its first file past the validator (a verdict accepted it, or the
   trainer took it unchecked), p50, p99 and max; it may have gone stale after;
@@ -90,11 +94,13 @@ the planner's prediction of this run (`plan`). Needs root and network namespaces
 where they cannot be made it says why and exits 2 (no fallback to loopback).
 
     .venv/bin/python bench/swarm_scale.py [--workers 32] [--steps 60] [--seed 0]
+        [--publish full|patches|lora] [--assign pipelined|slack]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -121,6 +127,17 @@ REQUEST = "swarmrl_request_seconds"  # from a request's headers, body wait inclu
 # want the CPU; the workers share what is left, each held to --worker-cpu
 WEIGHTS = {"orchestrator": 16384, "relay": 4096, "trainer": 8192, "validator": 8192,
            "worker": 1024, "cheater": 1024}  # fmt: skip
+
+
+# --publish: what the trainer publishes (shardcast/, trainer/lora.py). A GPU trainer
+# publishes bfloat16 (model.publish_dtype auto) with patches from the version before
+# (shardcast.patch_max_fraction); `lora` trains rank-4 adapters on every linear layer
+# and publishes each version after 0 as the adapter alone (nodes merge it into 0).
+PUBLISH = {
+    "full": [],
+    "patches": ["model.publish_dtype=bfloat16"],
+    "lora": ["trainer.lora.rank=4"],
+}
 
 
 def _args() -> argparse.Namespace:
@@ -162,6 +179,15 @@ def _args() -> argparse.Namespace:
         help="work out at once, in trainer batches (worker.max_pending_groups)",
     )
     p.add_argument("--worker-cpu", type=float, default=0.25, help="cores per worker")
+    p.add_argument(
+        "--publish",
+        choices=sorted(PUBLISH),
+        default="full",
+        help="what each version after 0 sends down the tree: the whole float32 model, "
+        "bfloat16 patches from the version before, or a LoRA adapter",
+    )
+    p.add_argument("--assign", choices=["pipelined", "slack"], default=None,
+                   help="orchestrator.assign (default: the config's)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="/tmp/swarm-scale", help="runs directory")
     p.add_argument(
@@ -169,6 +195,9 @@ def _args() -> argparse.Namespace:
         help="planner costs (swarmrl plan --calibrate --save-costs F): "
         "the JSON then holds the planner's prediction of this run beside it",
     )
+    p.add_argument("--version-mb", type=float, default=0.0,
+                   help="with --costs: MB each version sends, in place of the costs' "
+                   "(a --publish other than the run the costs came from)")  # fmt: skip
     p.add_argument("--plot", help="also write the timeline plot here (it is always in the run)")
     p.add_argument(
         "--predict",
@@ -251,6 +280,8 @@ def planned(a: argparse.Namespace, cfg, layout) -> tuple[dict, dict]:
     from swarmrl.plan.model import Costs, simulate
 
     costs = Costs(**json.loads(Path(a.costs).read_text()))
+    if a.version_mb:  # what this run's versions send (--publish), where the costs' run differed
+        costs = dataclasses.replace(costs, version_mb=a.version_mb)
     plan = simulate(scenario(a, cfg, layout, costs), costs)
     return {
         "trainer_busy_fraction": plan.trainer_busy_fraction,
@@ -298,6 +329,9 @@ def setup(a: argparse.Namespace, tiny: Path):
     ]  # fmt: skip
     if not a.trust_workers:
         overrides.append("launcher.trust_own_workers=false")
+    overrides += PUBLISH[a.publish]
+    if a.assign:
+        overrides.append(f"orchestrator.assign={a.assign}")
     batch = load_config(config, overrides).trainer.batch_groups
     overrides.append(f"worker.max_pending_groups={a.batches_out * batch}")
     cfg = load_config(config, overrides)
@@ -447,6 +481,12 @@ def main() -> int:
         "honest_workers_without_trained_file": len(opened["honest_workers_without_trained_file"]),
         "first_accepted_file_s": opened["first_accepted_file_s"],
         "open_swarm": opened,
+        "honest_waste_fraction": swarm_fates.honest_waste(opened),
+        "files_per_core_s_by_link": {
+            c.split()[0]: v["trained_per_core_s"] for c, v in opened["by_link_class"].items()
+        },
+        "publish": a.publish,
+        "assign": cfg.orchestrator.assign,
         "cheaters_ejected": sum(ledger.get(k) in ("ejected", "banned") for k in cheater_keys),
         # a cheater that never got work (a slow link: its policy always a step behind,
         # orchestrator.work_slack_steps) made nothing to judge, and gained nothing

@@ -189,6 +189,25 @@ def run_view(svc: Service, after: int) -> dict:
     }
 
 
+def work_wasted(nodes: list[dict]) -> dict:
+    """Contributors' work that was not trained through no fault of theirs, from the
+    ledger's counts: files gone stale (the trainer moved past their policy) and files
+    refused without blame (the validator's or trainer's own failure), over the files
+    neither blamed nor voided (a blamed file is its sender's fault; a voided one an
+    ejected node's). A live view: pending and accepted files may still be trained."""
+    counts = {"files": 0, "stale": 0, "refused_blamelessly": 0}
+    for n in nodes:
+        if n["role"] != "worker":
+            continue
+        counts["stale"] += n["stale"]
+        counts["refused_blamelessly"] += n["blameless"]
+        counts["files"] += n["accepted"] + n["pending"] + n["stale"] + n["blameless"]
+    lost = counts["stale"] + counts["refused_blamelessly"]
+    return counts | {
+        "wasted_fraction": round(lost / counts["files"], 4) if counts["files"] else None
+    }
+
+
 def swarm_view(svc: Service) -> dict:
     """Every node with its role, state, hardware, device, pace, files, stake, last
     heartbeat, policy version and weights lag; the relays and the versions they hold."""
@@ -233,7 +252,7 @@ def swarm_view(svc: Service) -> dict:
         })  # fmt: skip
     return {"run_id": ledger["run_id"], "run": ledger["run"], "devices": ledger["devices"],
             "mismatch": ledger["mismatch"], "nodes": nodes, "relays": relays,
-            "now": now}  # fmt: skip
+            "wasted": work_wasted(ledger["nodes"]), "now": now}  # fmt: skip
 
 
 def _lag(svc: Service, version: int | None, newest: int | None, now: float) -> float | None:

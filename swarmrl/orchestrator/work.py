@@ -376,7 +376,8 @@ def servers(svc: Service, cur) -> list[str]:
 
 
 def ledger(svc: Service) -> dict:
-    """Every node with its state, stake, file counts, suspect flag and mean mismatch KL
+    """Every node with its state, stake, file counts (accepted, rejected and of those
+    blameless, pending, stale, void, final), suspect flag and mean mismatch KL
     over the window ending at the last step the trainer reported (unchecked and checked
     files, None without tokens); `mismatch`: that window and its reference KL."""
     with svc.db.read() as cur:
@@ -398,7 +399,8 @@ def ledger(svc: Service) -> dict:
         window = svc.cfg.validator.mismatch_window
         figures = window_figures(cur, int(last), window) if last is not None else []
     kl = {m.node: m for m in figures}
-    zero = {"accepted": 0, "rejected": 0, "blameless": 0, "pending": 0, "void": 0, "final": 0}
+    zero = {"accepted": 0, "rejected": 0, "blameless": 0, "pending": 0, "stale": 0, "void": 0,
+            "final": 0}  # fmt: skip
     counts: dict[str, dict[str, int]] = {}
     for node, state, void, final, no_fault, n in per:
         c = counts.setdefault(node, dict(zero))
@@ -411,6 +413,8 @@ def ledger(svc: Service) -> dict:
             c["blameless"] += n if no_fault else 0
         elif state in ("pending", "uploading"):
             c["pending"] += n
+        elif state in ("stale", "discarded"):  # discarded: stale, its object deleted
+            c["stale"] += n
         if final:
             c["final"] += n
     out = []

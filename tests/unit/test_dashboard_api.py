@@ -24,9 +24,9 @@ def _rows(node: str, step: int, policy: int) -> list[dict]:
     ]  # fmt: skip
 
 
-def _file(o: Orch, w, step: int, policy: int) -> dict:
+def _file(o: Orch, w, step: int, policy: int, seed: int = 11) -> dict:
     a = o.assignment(w, policy)["assignment"]
-    data = write_rollouts(_rows(public_key_hex(w), step, policy))
+    data = write_rollouts([r | {"seed": seed} for r in _rows(public_key_hex(w), step, policy)])
     return o.upload(w, a["counter"], data) | {"data": data}
 
 
@@ -197,3 +197,37 @@ def test_rows_without_their_usual_fields_never_fail_a_read(tmp_path):
     o.ok(o.trainer, "POST", "/v1/trainer/metrics", {"step": 1, "row": {"elapsed_s": 10.0}})
     o.ok(o.trainer, "POST", "/v1/trainer/metrics", {"step": 5, "row": {"elapsed_s": 50.0}})
     assert o.http.get("/v1/dashboard/run").json()["eta_s"] == 50.0  # 10 s a step, 5 left
+
+
+def test_the_swarm_view_counts_work_wasted_through_no_fault_of_its_worker(tmp_path):
+    """Files that went stale count as wasted, over the files neither blamed nor voided:
+    a file still on its way counts in the total only."""
+    o = Orch(tmp_path)
+    w = o.worker("w")
+    o.register(w)
+    o.open_step(1, 0)
+    for seed in range(2):
+        _file(o, w, 1, 0, seed)
+    _judge(o, accepted=True)  # the first accepted, the second pending
+    assert o.http.get("/v1/dashboard/swarm").json()["wasted"] == {
+        "files": 2, "stale": 0, "refused_blamelessly": 0, "wasted_fraction": 0.0}  # fmt: skip
+    o.open_step(4, 3)  # policy 0 is past async_level: both go stale
+    _file(o, w, 4, 3)
+    view = o.http.get("/v1/dashboard/swarm").json()
+    assert view["nodes"][0]["stale"] == 2
+    assert view["wasted"] == {"files": 3, "stale": 2, "refused_blamelessly": 0,
+                              "wasted_fraction": 0.6667}  # fmt: skip
+
+
+def test_a_blamed_or_voided_file_is_not_work_wasted():
+    from swarmrl.orchestrator.dashboard import work_wasted
+
+    zero = {"accepted": 0, "rejected": 0, "blameless": 0, "pending": 0, "stale": 0, "void": 0}
+    nodes = [
+        {**zero, "role": "worker", "accepted": 3, "rejected": 2, "blameless": 1, "void": 4},
+        {**zero, "role": "worker", "stale": 1},
+        {**zero, "role": "validator", "stale": 9},  # not a worker's work
+    ]
+    # 3 accepted + 1 refused without blame + 1 stale; the blamed one and the void out
+    assert work_wasted(nodes) == {"files": 5, "stale": 1, "refused_blamelessly": 1,
+                                  "wasted_fraction": 0.4}  # fmt: skip

@@ -223,6 +223,9 @@ function drawSwarm() {
   if (sw.devices.trainer) lines.push(`trainer on ${sw.devices.trainer}`);
   for (const [k, v] of Object.entries(sw.devices.validators || {})) lines.push(`validator ${short(k)} on ${v}`);
   $("devices").textContent = lines.join(" · ");
+  const w = sw.wasted;
+  $("wasted").textContent = w && w.files ? `work wasted through no fault of its worker: ${fmt(100 * w.wasted_fraction, 1)}% ` +
+    `of ${w.files} files (${w.stale} stale, ${w.refused_blamelessly} refused without blame)` : "";
   const admin = (n) => {
     if (!state.token || n.role === "relay") return "";
     const banned = n.state === "banned";
@@ -237,7 +240,8 @@ function drawSwarm() {
     ["hardware", (n) => n.cpus ? `${n.cpus} cpu, ${fmt(n.memory_gb, 0)} GB${n.gpus && n.gpus.length ? ", " + n.gpus.join(", ") : ""}` : "–"],
     ["tokens/s (claimed)", (n) => n.tokens_per_s ?? null], ["s per unit (measured)", (n) => n.s_per_unit],
     ["accepted", (n) => n.accepted], ["pending", (n) => n.pending], ["rejected", (n) => n.rejected],
-    ["no fault", (n) => n.blameless ?? null], ["stake", (n) => n.stake], ["slashed", (n) => n.slashed],
+    ["no fault", (n) => n.blameless ?? null], ["stale", (n) => n.stale ?? null],
+    ["stake", (n) => n.stake], ["slashed", (n) => n.slashed],
     ["heartbeat", (n) => ago(n.last_seen, now)],
     ["policy", (n) => n.version ?? null], ["behind", (n) => n.behind], ["weights lag", (n) => n.lag_s === null ? "–" : dur(n.lag_s)],
     ["mismatch KL (unchecked)", (n) => n.kl_unchecked], ["suspect", (n) => n.suspect ? "yes" : ""],
