@@ -64,7 +64,20 @@ class TrainerConfig(Section):
     batch_groups: int = Field(
         16, ge=1, le=100_000, description="Prompt groups with nonzero advantage per step."
     )
+    first_batch_groups: int = Field(
+        0, ge=0, le=100_000,
+        description="Groups with nonzero advantage the first step trains on (0: batch_groups). "
+        "A run whose task the model rarely solves at first waits for its first batch longest; "
+        "a smaller one starts it sooner, the rest carried to the next step.",
+    )  # fmt: skip
     micro_batch: int = Field(64, ge=1, le=100_000, description="Samples per forward pass.")
+
+    def batch_for(self, step: int) -> int:
+        """Groups with signal step `step` trains on (first_batch_groups for the first)."""
+        return (
+            self.first_batch_groups if step == 1 and self.first_batch_groups else self.batch_groups
+        )
+
     share_prompts: bool = Field(
         True,
         description="Run each distinct prompt of a micro-batch once, its samples' completions "

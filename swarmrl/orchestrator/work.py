@@ -228,7 +228,9 @@ def queued_for(svc: Service, cur, run: dict, policy: int) -> int:
             (step - 3, step),
         ).fetchall()
     )
-    recent = [int(taken[k]) for k in range(step - 3, step) if k in taken]
+    # a smaller first batch (trainer.first_batch_groups) is no step's worth
+    first = 2 if cfg.trainer.batch_for(1) != cfg.trainer.batch_groups else 1
+    recent = [int(taken[k]) for k in range(max(step - 3, first), step) if k in taken]
     now = int(taken.get(step, 0))
     per_step = min(recent) if recent else cfg.trainer.batch_groups
     return step + (now + ahead) // max(per_step, now + 1 if now > per_step else 1)

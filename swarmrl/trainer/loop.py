@@ -241,7 +241,7 @@ def _train(cfg: RunConfig, resume: bool, paths: RunPaths, weights, publisher: Pu
         level = curriculum.issued[step]
         try:
             # a publish that failed ends the trainer now, not when the next one is due
-            batch = collector.collect(step, cfg.trainer.batch_groups, publisher.raise_failures)
+            batch = collector.collect(step, cfg.trainer.batch_for(step), publisher.raise_failures)
         except InterruptedError as e:  # the operator stopped the run: end it cleanly
             log.warning("step %d: %s; the trainer stops", step, e)
             policy.stop()

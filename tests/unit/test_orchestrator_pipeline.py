@@ -72,6 +72,24 @@ def test_a_step_is_worth_what_the_last_steps_took(orch):
     assert o.assignment(late, 1)["wait"] == "late-for-its-step"
 
 
+
+def test_a_smaller_first_batch_is_no_steps_worth(orch):
+    """With trainer.first_batch_groups the first step takes one file: the estimate of a
+    step's worth leaves it out, so a node a version behind still fills the step being
+    collected (with it in, a step would be worth one file and the second node wait)."""
+    o = orch(*FREE, "trainer.first_batch_groups=1")
+    batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
+    files_a_step = batch // per_file + 1
+    nodes = _workers(o, "w", files_a_step)
+    for step, senders in ((1, nodes[:1]), (2, nodes)):
+        o.open_step(step, step - 1)
+        keys = [_submit(o, node, step - 1) for node in senders]
+        o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": step, "keys": keys})
+    o.open_step(3, 2)
+    for node in nodes:
+        assert o.assignment(node, 1)["wait"] is None
+    assert o.cfg.trainer.batch_for(1) == 1 and o.cfg.trainer.batch_for(2) == batch
+
 def test_the_trainer_takes_the_oldest_policy_first(orch):
     o = orch(*FREE)
     o.open_step(3, 2)
