@@ -114,6 +114,7 @@ bench: $(TEST_STAMP) $(TINY)/warm_start.json chromium netqueue
 	$(BIN)/python bench/dashboard_cost.py  # the orchestrator with and without a browser on its dashboard
 	$(BIN)/python bench/links.py  # what a packet sees on the emulated links against what was set (root)
 	$(BIN)/python bench/swarm_scale.py  # an open swarm: 38 strangers, 6 cheaters, faults, delayed lossy links (root)
+	$(BIN)/python bench/swarm_learns.py  # SmolLM2 learning in an open swarm of 8 strangers beside make run, two seeds (root)
 
 clean:
 	rm -rf runs models/tiny-* .pytest_cache

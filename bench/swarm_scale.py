@@ -142,6 +142,13 @@ PUBLISH = {
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--config",
+        default=str(ROOT / "configs" / "tiny.toml"),
+        help="the run (default: the tiny model's); another model's run keeps its model.path",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a further config override (repeatable), after the bench's own")  # fmt: skip
     p.add_argument("--workers", type=int, default=32)
     p.add_argument("--late", type=int, default=4, help="of the workers, joining at step 2")
     p.add_argument("--churn", type=float, default=0.2, help="fraction of workers killed")
@@ -305,16 +312,21 @@ def predicted(a: argparse.Namespace, cfg, layout, out: dict) -> dict:
             "costs": costs}  # fmt: skip
 
 
+def is_tiny(a: argparse.Namespace) -> bool:
+    return Path(a.config).resolve() == (ROOT / "configs" / "tiny.toml").resolve()
+
+
 def setup(a: argparse.Namespace, tiny: Path):
     """The run's config file, its overrides, the config they make and the layout."""
     from swarmrl.config import load_config
     from swarmrl.sim.emulated import Layout
 
     runs = Path(a.runs)
-    config = str(ROOT / "configs" / "tiny.toml")
+    config = str(a.config)
     honest = a.workers
+    model = [f"model.path={json.dumps(str(tiny))}"] if is_tiny(a) else []
     overrides = [
-        f"runs_dir={json.dumps(str(runs))}", f"model.path={json.dumps(str(tiny))}",
+        f"runs_dir={json.dumps(str(runs))}", *model,
         "name=swarm", f"seed={a.seed}", f"trainer.steps={a.steps}",
         f"launcher.workers={honest}", f"shardcast.relays={a.relays}",
         f"validator.count={a.validators}", "validator.enabled=true",
@@ -332,6 +344,7 @@ def setup(a: argparse.Namespace, tiny: Path):
     overrides += PUBLISH[a.publish]
     if a.assign:
         overrides.append(f"orchestrator.assign={a.assign}")
+    overrides += a.set
     batch = load_config(config, overrides).trainer.batch_groups
     overrides.append(f"worker.max_pending_groups={a.batches_out * batch}")
     cfg = load_config(config, overrides)
@@ -389,7 +402,7 @@ def main() -> int:
     from swarmrl.sim.emulated import Emulated
 
     tiny = ROOT / "models" / "tiny-reverse_text"
-    if not (tiny / "warm_start.json").exists():
+    if is_tiny(a) and not (tiny / "warm_start.json").exists():
         print(json.dumps({"skipped": f"no tiny model at {tiny}: make run-tiny builds it"}))
         return 2
     config, overrides, cfg, layout = setup(a, tiny)

@@ -72,7 +72,6 @@ def test_a_step_is_worth_what_the_last_steps_took(orch):
     assert o.assignment(late, 1)["wait"] == "late-for-its-step"
 
 
-
 def test_a_smaller_first_batch_is_no_steps_worth(orch):
     """With trainer.first_batch_groups the first step takes one file: the estimate of a
     step's worth leaves it out, so a node a version behind still fills the step being
@@ -89,6 +88,7 @@ def test_a_smaller_first_batch_is_no_steps_worth(orch):
     for node in nodes:
         assert o.assignment(node, 1)["wait"] is None
     assert o.cfg.trainer.batch_for(1) == 1 and o.cfg.trainer.batch_for(2) == batch
+
 
 def test_the_trainer_takes_the_oldest_policy_first(orch):
     o = orch(*FREE)
