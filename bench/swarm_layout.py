@@ -14,6 +14,12 @@ RTTS = (20.0, 60.0, 120.0, 200.0, 300.0)  # ms, the workers' round trips in turn
 LOSSES = (0.0, 0.001, 0.005, 0.01)  # each way, the workers' in turn
 SERVER_PATH = (10.0, 1.0, 0.0)  # rented servers: round trip, jitter, loss
 WORKER_BLOCKS = 18  # /24 ranges the workers and cheaters share
+# cpu.shares by role: every node competes inside the run's cgroup. The orchestrator,
+# the relays, the validators and the trainer have machines (GPUs) of their own in a
+# real swarm and do not slow down as workers join: here they come first when they
+# want the CPU; the workers share what is left, each held to --worker-cpu
+WEIGHTS = {"orchestrator": 16384, "relay": 4096, "trainer": 8192, "validator": 8192,
+           "worker": 1024, "cheater": 1024}  # fmt: skip
 
 
 def launch_cheats(a: argparse.Namespace) -> list[str]:

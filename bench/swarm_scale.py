@@ -100,10 +100,7 @@ where they cannot be made it says why and exits 2 (no fallback to loopback).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
-import os
 import shutil
 import sqlite3
 import sys
@@ -116,19 +113,21 @@ sys.path.insert(0, str(ROOT))
 import swarm_fates  # noqa: E402  (bench/, beside this file)
 import swarm_records as records  # noqa: E402
 from swarm_chaos import HOSTILE_STEP, PARTITION_STEP, Chaos  # noqa: E402
-from swarm_layout import CHEATS, LINKS, blocks, delay_summary, launch_cheats, link_classes, paths  # noqa: E402
+from swarm_layout import (  # noqa: E402
+    CHEATS,
+    LINKS,
+    WEIGHTS,
+    blocks,
+    delay_summary,
+    launch_cheats,
+    link_classes,
+    paths,
+)
+from swarm_plan import planned, predicted  # noqa: E402
 
 from swarmrl.sim import netns  # noqa: E402
 
 REQUEST = "swarmrl_request_seconds"  # from a request's headers, body wait included
-# cpu.shares by role: every node competes inside the run's cgroup. The orchestrator,
-# the relays, the validators and the trainer have machines (GPUs) of their own in a
-# real swarm and do not slow down as workers join: here they come first when they
-# want the CPU; the workers share what is left, each held to --worker-cpu
-WEIGHTS = {"orchestrator": 16384, "relay": 4096, "trainer": 8192, "validator": 8192,
-           "worker": 1024, "cheater": 1024}  # fmt: skip
-
-
 # --publish: what the trainer publishes (shardcast/, trainer/lora.py). A GPU trainer
 # publishes bfloat16 (model.publish_dtype auto) with patches from the version before
 # (shardcast.patch_max_fraction); `lora` trains rank-4 adapters on every linear layer
@@ -254,62 +253,6 @@ def turns_hostile(argv: list[str], flag: Path) -> list[str]:
             hostile += ["--orchestrator", json.loads(x.split("=", 1)[1])]
     script = f'if [ -e "$0" ]; then exec {shlex.join(hostile)}; fi; shift; exec "$@"'
     return ["sh", "-c", script, str(flag), "relay", *argv]
-
-
-def scenario(a: argparse.Namespace, cfg, layout, costs):
-    """This run as the planner's model sees it (plan/model.py): the same workers,
-    links, shares and weights, tree, work cap and events; cheaters are left out."""
-    from swarmrl.plan.model import Swarm, Workers
-
-    kinds: dict[tuple[float, int], int] = {}
-    for i in range(a.workers):
-        kind = (float(LINKS[i % len(LINKS)]), 2 if i >= a.workers - a.late else 0)
-        kinds[kind] = kinds.get(kind, 0) + 1
-    levels = [sum(layout.level(i) == lv for i in range(a.relays)) for lv in range(a.levels)]
-    return Swarm(
-        workers=[Workers(n, mbit, cores=a.worker_cpu, join_step=j) for (mbit, j), n in kinds.items()],
-        steps=a.steps, batch_groups=cfg.trainer.batch_groups,
-        groups_per_file=a.groups_per_file, async_level=cfg.async_level,
-        max_pending_groups=a.batches_out * cfg.trainer.batch_groups, relays=levels,
-        work_slack_steps=cfg.orchestrator.work_slack_steps, assign=cfg.orchestrator.assign,
-        relay_mbit=float(layout.links["relay"]), origin_mbit=float(layout.links["trainer"]),
-        validators=a.validators, validator_mbit=float(layout.links["validator"]),
-        sample_rate=cfg.validator.sample_rate, heartbeat_s=cfg.orchestrator.heartbeat_s,
-        validator_poll_s=cfg.validator.poll_s, ask_poll_s=cfg.worker.poll_s,
-        host_cores=float(os.cpu_count() or 1), weights={k: float(v) for k, v in WEIGHTS.items()},
-        churn=[(3, math.ceil(a.churn * a.workers) / a.workers, 2.0)],
-        orchestrator_down=(6, 5.0), seed=a.seed,
-    )  # fmt: skip
-
-
-def planned(a: argparse.Namespace, cfg, layout) -> tuple[dict, dict]:
-    """The planner's figures for this run (its costs from --costs), and the costs."""
-    from swarmrl.plan.model import Costs, simulate
-
-    costs = Costs(**json.loads(Path(a.costs).read_text()))
-    if a.version_mb:  # what this run's versions send (--publish), where the costs' run differed
-        costs = dataclasses.replace(costs, version_mb=a.version_mb)
-    plan = simulate(scenario(a, cfg, layout, costs), costs)
-    return {
-        "trainer_busy_fraction": plan.trainer_busy_fraction,
-        "weights_lag_p50_s": plan.weights_lag_s.get("nodes", {}).get("p50"),
-        "stale_fraction": plan.stale_fraction,
-    }, costs.__dict__
-
-
-def predicted(a: argparse.Namespace, cfg, layout, out: dict) -> dict:
-    """The planner's figures for this run, beside the run's own, with their ratio."""
-    theirs, costs = planned(a, cfg, layout)
-    files = out["files"]
-    mine = {
-        "trainer_busy_fraction": out["trainer_busy_fraction"],
-        "weights_lag_p50_s": out["weights_lag_s"].get("nodes", {}).get("p50"),
-        "stale_fraction": round(files["stale"] / files["generated"], 3)
-        if files["generated"] else None,
-    }  # fmt: skip
-    ratio = {k: round(theirs[k] / mine[k], 2) if mine[k] else None for k in mine}
-    return {"emulated": mine, "planned": theirs, "planned_over_emulated": ratio,
-            "costs": costs}  # fmt: skip
 
 
 def is_tiny(a: argparse.Namespace) -> bool:
