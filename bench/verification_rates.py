@@ -169,7 +169,9 @@ def calibrations(m: Matrix, model: str, conds: list[dict], work: Path, log: Log)
                  "measured": cal and cal.measured, "tolerances": used, **provenance()})  # fmt: skip
 
 
-def honest_rates(m: Matrix, model: str, target: int, shard, work: Path, log: Log, t0) -> None:
+def honest_rates(
+    m: Matrix, model: str, target: int, shard, work: Path, log: Log, t0, calibrate: bool = True
+) -> None:
     """At least `target` honest rollouts of `model`, spread evenly over its conditions
     (this process's `shard` of them), less what the log holds already."""
     conds = conditions(model)
@@ -182,7 +184,7 @@ def honest_rates(m: Matrix, model: str, target: int, shard, work: Path, log: Log
     one = 0.25 if model == "tiny" else 0.1
     weight = {id(c): one if c["batch"] == 1 else 1.0 for c in conds}
     total = sum(weight.values())
-    if shard[0] == 0:
+    if shard[0] == 0 and calibrate:  # else another process makes them (--only calibrations)
         calibrations(m, model, conds, work, log)
     # files judged under today's tolerances (a new freeze counts anew), and all files
     # made (a new file's seeds follow them all: none is made twice)
@@ -219,7 +221,15 @@ def main() -> None:
     ap.add_argument("--cheat-files", type=int, default=3, help="files per behaviour")
     ap.add_argument("--behaviours", default="", help="a,b,...: only these (default: all)")
     ap.add_argument("--shard", default="0/1", help="i/n: this process's share of conditions")
-    ap.add_argument("--only", choices=["honest", "detection"], default=None)
+    ap.add_argument(
+        "--only",
+        choices=["honest", "detection", "calibrations"],
+        default=None,
+        help="calibrations: only the honest conditions' calibrations, which shard 0 makes "
+        "first otherwise (a process of their own beside the shards' honest files, with "
+        "--skip-calibrations there)",
+    )
+    ap.add_argument("--skip-calibrations", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--work", default=None, help="versions and keys (default: beside --out)")
     ap.add_argument(
@@ -248,10 +258,15 @@ def main() -> None:
     shard, shards = map(int, args.shard.split("/"))
     models = args.models.split(",")
     t0 = time.time()
+    if args.only == "calibrations":
+        for model in models:
+            calibrations(m, model, conditions(model), work, log)
+        return
     if args.only != "detection":
         targets = {"tiny": args.tiny_rollouts, "smollm2": args.smollm2_rollouts}
         for model in models:
-            honest_rates(m, model, targets[model], (shard, shards), work, log, t0)
+            honest_rates(m, model, targets[model], (shard, shards), work, log, t0,
+                         calibrate=not args.skip_calibrations)  # fmt: skip
     if args.only != "honest" and shard == 0:
         for model in models:
             seen: dict = {}  # files judged by today's rule (under every freeze)
