@@ -59,8 +59,9 @@ class ValidatorConfig(Section):
     calibrate: bool = Field(
         True,
         description="Set the three tolerances above, where not given, from this validator's "
-        "own honest samples of the first version of each dtype: scaled from their errors, "
-        "between a floor and the dtype's default (validator/calibrate.py).",
+        "own honest samples of the first version of each dtype (4,000 tokens): scaled from "
+        "their errors and spread, between a floor and the dtype's default "
+        "(validator/calibrate.py).",
     )
     version_check: bool = Field(
         True,
