@@ -153,7 +153,7 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
                 newest_usable = max(1, cfg.async_level - cfg.orchestrator.work_slack_steps)
                 if run["step"] - policy_version > newest_usable:
                     answer["wait"] = "stale-policy"  # its file could only make this batch
-            elif (at := queued_for(svc, cur, run, policy_version)) > cfg.trainer.steps:
+            elif (at := queued_for(svc, cur, run, policy_version, key)) > cfg.trainer.steps:
                 answer["wait"] = "enough-work"  # the run's last step has its work
             elif at - policy_version > cfg.async_level:
                 answer["wait"] = "late-for-its-step"  # the work its policy is fresh for is out
@@ -203,7 +203,7 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
         return answer
 
 
-def queued_for(svc: Service, cur, run: dict, policy: int) -> int:
+def queued_for(svc: Service, cur, run: dict, policy: int, node: str | None = None) -> int:
     """The step a file of `policy` assigned now would be taken for: the one being
     collected plus one for every step's worth of groups ahead of it (what that step has
     taken, and every group out: open assignments and files on their way, of proven
@@ -212,9 +212,12 @@ def queued_for(svc: Service, cur, run: dict, policy: int) -> int:
     have signal), or trainer.batch_groups before any step was taken; the least, as a
     step that takes less than the estimate leaves the files queued behind it for the
     next, where a file of the oldest usable version is stale. A step that took more
-    than its worth and is still open (short of signal) is worth more than it took. With nothing out, a file of the newest
-    version is for the step being collected: that step needs it, and no newer version
-    comes before the trainer moves on."""
+    than its worth and is still open (short of signal) is worth more than it took. With
+    nothing out, a file of the newest version is for the step being collected: that
+    step needs it, and no newer version comes before the trainer moves on. Otherwise a
+    `node` whose measured pace says its file arrives only after more steps have opened
+    is queued no earlier than the step open then (`steps_to_make`): at a step every
+    few seconds, a file that takes a minute is for a step well past the queue's."""
     cfg = svc.cfg
     step = run["step"]
     oldest = step - cfg.async_level
@@ -233,7 +236,29 @@ def queued_for(svc: Service, cur, run: dict, policy: int) -> int:
     recent = [int(taken[k]) for k in range(max(step - 3, first), step) if k in taken]
     now = int(taken.get(step, 0))
     per_step = min(recent) if recent else cfg.trainer.batch_groups
-    return step + (now + ahead) // max(per_step, now + 1 if now > per_step else 1)
+    at = step + (now + ahead) // max(per_step, now + 1 if now > per_step else 1)
+    return at if node is None else max(at, step + steps_to_make(svc, cur, node, step))
+
+
+def steps_to_make(svc: Service, cur, node: str, step: int) -> int:
+    """Steps that open while `node` makes a file: its measured seconds for one (pace x
+    groups x tokens, admission.measured_pace: assignment to submission) over the step
+    period, the median of the last four steps' or the open step's age if longer (a
+    stalled step lets slower nodes in). 0 without a pace or a step period yet."""
+    pace = admission.measured_pace(cur, node)
+    opened = [
+        float(t)
+        for (t,) in cur.execute(
+            "SELECT opened FROM steps WHERE step >= ? AND step <= ? ORDER BY step", (step - 4, step)
+        ).fetchall()
+    ]
+    gaps = sorted(b - a for a, b in zip(opened, opened[1:], strict=False))
+    if pace is None or not gaps:
+        return 0
+    period = max(gaps[len(gaps) // 2], svc.clock() - opened[-1])
+    cfg = svc.cfg
+    seconds = pace * cfg.worker.groups_per_file * cfg.sampling.max_new_tokens
+    return int(seconds // period) if period > 0 else 0
 
 
 def _why_wait(cfg, run: dict, policy_version: int | None) -> str | None:

@@ -126,3 +126,26 @@ def test_no_work_goes_out_for_a_step_past_the_runs_last(orch):
     for node in nodes[:-1]:
         assert o.assignment(node, 2)["wait"] is None
     assert o.assignment(nodes[-1], 2)["wait"] == "enough-work"  # step 3's work is out
+
+
+def test_a_node_whose_file_arrives_steps_later_is_queued_for_that_step(orch):
+    """Steps open every 5 s; a node whose pace (here, its claimed speed) makes a file in
+    60 s would deliver it 12 steps on, where a file of the newest policy is stale: it
+    waits, while a node that makes one in a second gets the work."""
+    from tests.unit.orch_util import HW
+
+    o = orch(*FREE)
+    cfg = o.cfg
+    for step in (1, 2, 3, 4):
+        o.open_step(step, step - 1)
+        o.clock.t += 5.0
+    tokens = cfg.worker.group_size * cfg.worker.groups_per_file * cfg.sampling.max_new_tokens
+    fast, slow = o.worker("fast"), o.worker("slow")
+    o.register(fast, HW | {"tokens_per_s": tokens / 1.0})
+    o.register(slow, HW | {"tokens_per_s": tokens / 60.0})
+    assert o.assignment(fast, 3)["wait"] is None
+    assert o.assignment(slow, 3)["wait"] == "late-for-its-step"
+    # a stalled step lets it in: after a minute without a new step, its file is for
+    # the step after next at most
+    o.clock.t += 60.0
+    assert o.assignment(slow, 3)["wait"] is None
