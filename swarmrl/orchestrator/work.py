@@ -147,15 +147,21 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
         answer["wait"] = _why_wait(cfg, run, policy_version)
         probation = admission.on_probation(svc, cur, key)
         # a file on probation is for its verdict, which comes even when it is late for
-        # training (mark_stale): a node on a slow link is judged all the same
-        if answer["wait"] is None and not probation:
-            if cfg.orchestrator.assign == "slack":
-                newest_usable = max(1, cfg.async_level - cfg.orchestrator.work_slack_steps)
-                if run["step"] - policy_version > newest_usable:
-                    answer["wait"] = "stale-policy"  # its file could only make this batch
-            elif (at := queued_for(svc, cur, run, policy_version, key)) > cfg.trainer.steps:
+        # training (mark_stale): a node on a slow link is judged all the same. Pipelined,
+        # a node on probation that holds an older version than the newest waits for it
+        # where its file would be late (most of a new node's files went stale before);
+        # holding the newest, or judged by its pace, it is never kept from its verdict
+        if answer["wait"] is None and cfg.orchestrator.assign == "slack" and not probation:
+            newest_usable = max(1, cfg.async_level - cfg.orchestrator.work_slack_steps)
+            if run["step"] - policy_version > newest_usable:
+                answer["wait"] = "stale-policy"  # its file could only make this batch
+        elif answer["wait"] is None and cfg.orchestrator.assign == "pipelined":
+            at = queued_for(svc, cur, run, policy_version, None if probation else key)
+            if at > cfg.trainer.steps:
                 answer["wait"] = "enough-work"  # the run's last step has its work
-            elif at - policy_version > cfg.async_level:
+            elif at - policy_version > cfg.async_level and not (
+                probation and run["policy"] is not None and policy_version >= run["policy"]
+            ):
                 answer["wait"] = "late-for-its-step"  # the work its policy is fresh for is out
         if answer["wait"] is None and admission.cooldown_left(svc, cur, key, now) > 0:
             answer["wait"] = "cooldown"  # it let assignments expire: admission.py

@@ -149,3 +149,26 @@ def test_a_node_whose_file_arrives_steps_later_is_queued_for_that_step(orch):
     # the step after next at most
     o.clock.t += 60.0
     assert o.assignment(slow, 3)["wait"] is None
+
+
+def test_a_node_on_probation_waits_for_the_newest_version_where_its_file_would_be_late(
+    orch, tmp_path
+):
+    """A new node's files are for its verdict, but one made from an older version when
+    the newer is out goes stale: it waits for the newer one. Holding the newest, it
+    gets work (it is never kept from its verdict)."""
+    import json
+
+    from swarmrl.protocol.identity import load_or_create_key
+
+    proven = [load_or_create_key(tmp_path / "nodes" / f"p{i}" / "node.key") for i in range(16)]
+    trusted = json.dumps([public_key_hex(k) for k in proven])
+    o = orch(*FREE, "orchestrator.probation_files=2", f"orchestrator.trusted_workers={trusted}")
+    batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
+    o.open_step(3, 2)
+    for node in proven[: batch // per_file]:  # step 3's work out, to trusted nodes
+        o.register(node)
+        assert o.assignment(node, 1)["wait"] is None
+    old, newest = _workers(o, "n", 2)
+    assert o.assignment(old, 1)["wait"] == "late-for-its-step"
+    assert o.assignment(newest, 2)["wait"] is None
