@@ -150,7 +150,7 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
         # training (mark_stale): a node on a slow link is judged all the same. Pipelined,
         # a node on probation that holds an older version than the newest waits for it
         # where its file would be late (most of a new node's files went stale before);
-        # holding the newest, or judged by its pace, it is never kept from its verdict
+        # holding the newest it is never kept from its verdict (nor is its pace counted)
         if answer["wait"] is None and cfg.orchestrator.assign == "slack" and not probation:
             newest_usable = max(1, cfg.async_level - cfg.orchestrator.work_slack_steps)
             if run["step"] - policy_version > newest_usable:
