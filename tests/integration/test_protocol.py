@@ -3,6 +3,7 @@ and an orchestrator killed in the middle of a run."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -74,6 +75,12 @@ def test_a_worker_with_only_the_url_joins_and_contributes(tiny_model, tmp_path):
     ).fetchone()[0]
     assert trained == sum(r["accepted_files"] for r in rows)  # every trained file is its
     assert "registered: stake 100.0" in worker_out
+    # one file made the whole way before registering (worker.warm_up), never uploaded:
+    # files.jsonl records the files of assignments only
+    assert worker_out.index("warmed up on one file") < worker_out.index("registered: stake")
+    log = [json.loads(x) for x in (elsewhere / "swarmrl-worker" / "files.jsonl").open()]
+    made = [x for x in log if x["event"] == "made"]
+    assert made and all(x["counter"] > 0 for x in made)
 
 
 @pytest.mark.slow  # 40 s; in the default suite: the orchestrator's state across a

@@ -55,7 +55,7 @@ def _submit(o, node, policy: int) -> str:
 
 def test_a_step_is_worth_what_the_last_steps_took(orch):
     """Groups without signal are dropped, so a step takes more than trainer.batch_groups:
-    the estimate follows the median of the last three steps' takings."""
+    the estimate follows the least of the last steps' takings (work.WORTH_STEPS)."""
     o = orch(*FREE)
     batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
     files_a_step = batch // per_file + 1  # a step that takes a file more than its batch
@@ -151,12 +151,11 @@ def test_a_node_whose_file_arrives_steps_later_is_queued_for_that_step(orch):
     assert o.assignment(slow, 3)["wait"] is None
 
 
-def test_a_node_on_probation_waits_for_the_newest_version_where_its_file_would_be_late(
-    orch, tmp_path
-):
-    """A new node's files are for its verdict, but one made from an older version when
-    the newer is out goes stale: it waits for the newer one. Holding the newest, it
-    gets work (it is never kept from its verdict)."""
+def test_a_node_on_probation_gets_work_only_where_its_file_would_be_fresh(orch, tmp_path):
+    """A new node's files are for its verdict, but one that arrives stale is work
+    thrown away: a node on probation is queued as any other. Holding an older version
+    once the newer one's work is out, it waits for the newer; holding the newest, it
+    gets work while the steps its version is fresh for have room, then waits too."""
     import json
 
     from swarmrl.protocol.identity import load_or_create_key
@@ -172,3 +171,26 @@ def test_a_node_on_probation_waits_for_the_newest_version_where_its_file_would_b
     old, newest = _workers(o, "n", 2)
     assert o.assignment(old, 1)["wait"] == "late-for-its-step"
     assert o.assignment(newest, 2)["wait"] is None
+    for node in proven[batch // per_file : 2 * batch // per_file - 1]:  # step 4's, to trusted
+        o.register(node)
+        assert o.assignment(node, 2)["wait"] is None
+    (late,) = _workers(o, "late", 1)
+    assert o.assignment(late, 2)["wait"] == "late-for-its-step"  # its file would be for step 5
+
+
+def test_a_step_is_worth_the_least_of_the_last_eight_takings(orch):
+    """A step that took its batch, then three that took a file more: the next may take
+    its batch again, so the estimate stays at the batch and nodes a version behind get
+    a batch's worth of work, not a file more (with the last three, the file more went
+    stale whenever the next step took its batch)."""
+    o = orch(*FREE)
+    batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
+    nodes = _workers(o, "w", batch // per_file + 1)
+    for step, senders in ((1, nodes[:-1]), (2, nodes), (3, nodes), (4, nodes)):
+        o.open_step(step, step - 1)
+        keys = [_submit(o, node, step - 1) for node in senders]
+        o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": step, "keys": keys})
+    o.open_step(5, 4)
+    for node in nodes[:-1]:
+        assert o.assignment(node, 3)["wait"] is None
+    assert o.assignment(nodes[-1], 3)["wait"] == "late-for-its-step"
