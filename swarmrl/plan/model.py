@@ -57,6 +57,7 @@ import statistics
 
 import simpy
 
+from swarmrl.orchestrator.work import WORTH_STEPS
 from swarmrl.plan.fluid import Fluid
 from swarmrl.plan.spec import Costs, Outcome, Swarm, Workers
 
@@ -316,7 +317,7 @@ class _Run:
         """The step a file of `policy` assigned now would be taken for, as the
         orchestrator estimates it (orchestrator/work.py, `queued_for`)."""
         step = self.step
-        taken = [self.consumed[k] for k in range(step - 3, step) if k in self.consumed]
+        taken = [self.consumed[k] for k in range(step - WORTH_STEPS, step) if k in self.consumed]
         now, ahead = self.consumed.get(step, 0), self.outstanding()
         if ahead == 0 and policy >= max(self.published):
             return step
