@@ -307,13 +307,17 @@ class WorkerNode:
         bytes) and throw it away, before the hardware probe and the first request for
         work: a first file otherwise pays every first call's cost (lazy imports,
         allocations, kernels chosen, a compiled graph) and took 3 to 10 times a later
-        one's time in the open swarm, long enough to arrive stale. Nothing is uploaded,
-        so the fixed seed of its prompts matters to no one."""
+        one's time in the open swarm, long enough to arrive stale. One group: the
+        first calls are what it is for, not the file's size. Nothing is uploaded, so
+        the fixed seed of its prompts matters to no one."""
         t0 = time.time()
         probe = Assignment(step=0, policy_step=self.loaded or 0, seed=WARM_UP_SEED, counter=0)
-        rows = self.work.rows(self.cfg, self.tokenizer, self.source, self.backend, probe, self.node)
+        cfg = self.cfg.model_copy(
+            update={"worker": self.cfg.worker.model_copy(update={"groups_per_file": 1})}
+        )
+        rows = self.work.rows(cfg, self.tokenizer, self.source, self.backend, probe, self.node)
         write_rollouts(rows)
-        log.info("warmed up on one file in %.2fs (not uploaded)", time.time() - t0)
+        log.info("warmed up on a file of one group in %.2fs (not uploaded)", time.time() - t0)
 
     def register(self, c: OrchestratorClient | None = None) -> None:
         """Register (again) with the hardware measured at the first registration."""

@@ -77,7 +77,9 @@ def test_a_worker_with_only_the_url_joins_and_contributes(tiny_model, tmp_path):
     assert "registered: stake 100.0" in worker_out
     # one file made the whole way before registering (worker.warm_up), never uploaded:
     # files.jsonl records the files of assignments only
-    assert worker_out.index("warmed up on one file") < worker_out.index("registered: stake")
+    assert worker_out.index("warmed up on a file of one group") < worker_out.index(
+        "registered: stake"
+    )
     log = [json.loads(x) for x in (elsewhere / "swarmrl-worker" / "files.jsonl").open()]
     made = [x for x in log if x["event"] == "made"]
     assert made and all(x["counter"] > 0 for x in made)
