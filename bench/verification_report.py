@@ -218,25 +218,35 @@ def report(records: list[dict]) -> dict:
         m = out["detection"].setdefault(r["model"], {})
         name = r["behaviour"] if r["dtype"] == "bfloat16" else f"{r['behaviour']} ({r['dtype']})"
         b = m.setdefault(name, {"files": 0, "caught": 0, "files_since_frozen": 0,
-                                "caught_since_frozen": 0, "checks": {}, "ttd": []})  # fmt: skip
+                                "caught_since_frozen": 0, "checks": {}, "ttd": [],
+                                "ttd_since": []})  # fmt: skip
         b["files"] += 1
         b["caught"] += r["caught"]
         if since(r):
             b["files_since_frozen"] += 1
             b["caught_since_frozen"] += r["caught"]
-        b["checks"][r["check"]] = b["checks"].get(r["check"], 0) + 1
+            if r["caught"]:  # tokens to detect, like the caught share: by today's rule
+                b["ttd_since"].append(r["tokens_to_detect"])
         if r["caught"]:
             b["ttd"].append(r["tokens_to_detect"])
+        b["checks"][r["check"]] = b["checks"].get(r["check"], 0) + 1
     for model, m in out["detection"].items():
         for name, b in m.items():
-            ttd = sorted(b.pop("ttd"))
+            # by today's rule where it judged any file of the behaviour, else every file's
+            # (`tokens_to_detect_of`), and the honest controls the same way
+            ttd_all, ttd_since = sorted(b.pop("ttd")), sorted(b.pop("ttd_since"))
+            ttd = ttd_since if b["files_since_frozen"] else ttd_all
+            b["tokens_to_detect_of"] = "since_frozen" if b["files_since_frozen"] else "all"
             b["check"] = max(b["checks"], key=b["checks"].get)
             n, k = b["files_since_frozen"], b["caught_since_frozen"]
             b["caught_share_since_frozen"] = round(k / n, 4) if n else None
             b["caught_lower95_since_frozen"] = round(lower95(k, n), 4) if n else None
             b["tokens_to_detect"] = {"median": ttd[len(ttd) // 2], "max": ttd[-1]} if ttd else None
             dtype = "float32" if name.endswith("(float32)") else "bfloat16"
-            b["honest_rejected_at_that_length"] = honest_at(cheats, model, dtype, ttd)
+            # the honest controls judged by today's rule, as the caught share beside it
+            b["honest_rejected_at_that_length"] = honest_at(
+                [r for r in cheats if since(r) or not b["files_since_frozen"]], model, dtype, ttd
+            )
     out["node_draws"] = node_draws([r for r in cheats if since(r)])
     return out
 

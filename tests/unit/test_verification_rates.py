@@ -433,3 +433,38 @@ def test_summing_a_nodes_token_choice_counts_catches_a_head_start_no_file_shows_
     assert (hs["nodes_caught"], hs["by_sum"]) == (3, 2)
     assert hs["files_to_catch"] == {"median": 4, "max": 4} and hs["uncaught_at_end"] == 0
     assert got["honest"]["nodes_caught"] == 0 and got["honest"]["uncaught_at_end"] == 50
+
+
+def test_tokens_to_detect_and_the_honest_curve_come_from_files_judged_by_todays_rule():
+    """Beside the caught share since the freeze, its tokens to detect and the honest
+    controls' rejections at that length come from the files judged since the freeze
+    too, not from those of an earlier one (the first freeze's looser numbers caught
+    SmolLM2's stale files in 32 tokens, the second's in about 100)."""
+    import json
+    import subprocess
+
+    from bench.verification_report import FROZEN
+
+    frozen = json.loads(FROZEN.read_text())
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                          text=True, cwd=FROZEN.parent.parent).stdout.strip()  # fmt: skip
+    today = {"commit": head, "fingerprint": frozen["fingerprint"],
+             "draws_fingerprint": frozen["draws"]["fingerprint"]}  # fmt: skip
+    earlier = {"commit": "0" * 12, "fingerprint": "e9781b60270f2aa1"}
+    base = {"kind": "cheat", "model": "m", "dtype": "bfloat16", "check": "version"}
+
+    def stale(tokens, **when):
+        return base | when | {"behaviour": "stale_1", "caught": True, "tokens_to_detect": tokens}
+
+    def honest(rejected_at_16, **when):
+        return base | when | {"behaviour": "honest", "caught": False, "check": "accepted",
+                              "tokens_to_detect": None,
+                              "curve": [[16, 1, rejected_at_16, ""], [200, 8, False, ""]]}  # fmt: skip
+
+    records = [stale(16, **earlier), stale(16, **earlier), stale(100, **today),
+               stale(120, **today), honest(True, **earlier), honest(False, **today)]  # fmt: skip
+    got = report(records)["detection"]["m"]["stale_1"]
+    assert got["files_since_frozen"] == 2 and got["tokens_to_detect_of"] == "since_frozen"
+    assert got["tokens_to_detect"] == {"median": 120, "max": 120}
+    # the earlier honest control, rejected at 16 tokens, is not today's curve
+    assert got["honest_rejected_at_that_length"] == {"rejected": 0, "files": 1}
