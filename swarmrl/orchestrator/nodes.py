@@ -191,6 +191,8 @@ def sweep(svc: Service) -> dict:
     since = now - 2.0 * o.heartbeat_s  # admission.yields_to_faster looks no further back
     for key in [k for k, t in svc.asked_work.copy().items() if t < since]:
         svc.asked_work.pop(key, None)
+    for key in [k for k, t in svc.wanting.copy().items() if t < since]:
+        svc.wanting.pop(key, None)
     return {"dead": [k for (k,) in dead], "expired": [c for c, _ in expired]}
 
 

@@ -157,12 +157,14 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
             newest_usable = max(1, cfg.async_level - cfg.orchestrator.work_slack_steps)
             if run["step"] - policy_version > newest_usable:
                 answer["wait"] = "stale-policy"  # its file could only make this batch
-        elif answer["wait"] is None and cfg.orchestrator.assign == "pipelined":
+        fresh = None  # pipelined: groups that may still be queued fresh for its version
+        if answer["wait"] is None and cfg.orchestrator.assign == "pipelined":
             at = queued_for(svc, cur, run, policy_version, None if probation else key)
             if at > cfg.trainer.steps:
                 answer["wait"] = "enough-work"  # the run's last step has its work
             elif at - policy_version > cfg.async_level:
                 answer["wait"] = "late-for-its-step"  # the work its policy is fresh for is out
+            fresh = fresh_room(svc, cur, run, policy_version)
         if answer["wait"] is None and admission.cooldown_left(svc, cur, key, now) > 0:
             answer["wait"] = "cooldown"  # it let assignments expire: admission.py
         groups = cfg.worker.groups_per_file
@@ -182,8 +184,15 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
                 answer["wait"] = "range-share"  # admission.py: its address range's share
             elif admission.yields_to_faster(svc, cur, key, probation, room, groups, now):
                 answer["wait"] = "faster-first"  # admission.py: work is short, faster nodes wait
+            elif fresh is not None and admission.yields_to_longer_waiting(
+                svc, cur, key, policy_version, fresh, groups, now
+            ):
+                answer["wait"] = "longer-waiting-first"  # admission.py: fair turns
+        if answer["wait"] in admission.WANTING:
+            svc.wanting[key] = now  # it would take work the queue had room for
         if answer["wait"] is not None:
             return answer
+        svc.wanting.pop(key, None)
         orphan = cur.execute(
             "UPDATE assignments SET state = 'reissued' WHERE counter = (SELECT counter FROM"
             " assignments WHERE state = 'orphaned' AND step >= ? ORDER BY counter LIMIT 1)"
@@ -226,12 +235,20 @@ def queued_for(svc: Service, cur, run: dict, policy: int, node: str | None = Non
     `node` whose measured pace says its file arrives only after more steps have opened
     is queued no earlier than the step open then (`steps_to_make`): at a step every
     few seconds, a file that takes a minute is for a step well past the queue's."""
+    step, now, ahead, worth = _queue(svc, cur, run)
+    if ahead == 0 and run["policy"] is not None and policy >= run["policy"]:
+        return step
+    at = step + (now + ahead) // worth
+    return at if node is None else max(at, step + steps_to_make(svc, cur, node, step))
+
+
+def _queue(svc: Service, cur, run: dict) -> tuple[int, int, int, int]:
+    """The queue `queued_for` reads: the step being collected, the groups it took, the
+    groups out (both pools), and a step's worth (see there)."""
     cfg = svc.cfg
     step = run["step"]
     oldest = step - cfg.async_level
     ahead = sum(admission.outstanding(svc, cur, oldest, probation) for probation in (False, True))
-    if ahead == 0 and run["policy"] is not None and policy >= run["policy"]:
-        return step
     taken = dict(
         cur.execute(
             "SELECT consumed_step, SUM(groups) FROM files WHERE consumed_step >= ?"
@@ -244,8 +261,15 @@ def queued_for(svc: Service, cur, run: dict, policy: int, node: str | None = Non
     recent = [int(taken[k]) for k in range(max(step - WORTH_STEPS, first), step) if k in taken]
     now = int(taken.get(step, 0))
     per_step = min(recent) if recent else cfg.trainer.batch_groups
-    at = step + (now + ahead) // max(per_step, now + 1 if now > per_step else 1)
-    return at if node is None else max(at, step + steps_to_make(svc, cur, node, step))
+    return step, now, ahead, max(per_step, now + 1 if now > per_step else 1)
+
+
+def fresh_room(svc: Service, cur, run: dict, policy: int) -> int:
+    """Groups that may still be queued (`queued_for`) before a file of `policy` would be
+    taken for a step where it is stale: the steps it is fresh for, at a step's worth
+    each, less the groups the open step took and every group out (0 or less: none)."""
+    step, now, ahead, worth = _queue(svc, cur, run)
+    return (policy + svc.cfg.async_level - step + 1) * worth - (now + ahead)
 
 
 def steps_to_make(svc: Service, cur, node: str, step: int) -> int:

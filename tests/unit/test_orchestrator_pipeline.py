@@ -194,3 +194,31 @@ def test_a_step_is_worth_the_least_of_the_last_eight_takings(orch):
     for node in nodes[:-1]:
         assert o.assignment(node, 3)["wait"] is None
     assert o.assignment(nodes[-1], 3)["wait"] == "late-for-its-step"
+
+
+def test_the_queues_room_goes_to_the_node_that_waited_longest(orch):
+    """Room in the queue goes to whoever asks first once a version is out, and a node
+    turned away asks less and less often: with 32 workers, 1 and 3 honest workers
+    never got a file. A node that just had one leaves the last file's room to a node
+    turned away that has waited longer, which then gets it."""
+    o = orch(*FREE)
+    batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
+    served = _workers(o, "s", 2 * batch // per_file)
+    (waiting,) = _workers(o, "waiting", 1)  # registered with them, never served
+    o.clock.t += 1.0
+    o.open_step(3, 2)
+    keys = [_submit(o, node, 2) for node in served[: batch // per_file]]  # step 3's
+    for node in served[batch // per_file :]:  # and step 4's: the queue is full
+        assert o.assignment(node, 2)["wait"] is None
+    assert o.assignment(waiting, 2)["wait"] == "late-for-its-step"
+    o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": 3, "keys": keys})
+    o.clock.t += 30.0  # a step every 30 s: every node's file is for the step it is queued for
+    o.open_step(4, 3)  # step 4's work is out: a step's worth of room for version 3
+    # the waiting node has not fetched version 3 yet: turned away again
+    assert o.assignment(waiting, 2)["wait"] == "late-for-its-step"
+    first, *others = served[: batch // per_file]
+    for node in others:  # all but the last file's room, taken by nodes that had a file
+        assert o.assignment(node, 3)["wait"] is None
+    assert o.assignment(first, 3)["wait"] == "longer-waiting-first"
+    got = o.assignment(waiting, 3)  # a moment later, holding the new version too
+    assert got["wait"] is None and got["assignment"]["policy_step"] == 3
