@@ -185,7 +185,7 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
             elif admission.yields_to_faster(svc, cur, key, probation, room, groups, now):
                 answer["wait"] = "faster-first"  # admission.py: work is short, faster nodes wait
             elif fresh is not None and admission.yields_to_longer_waiting(
-                svc, cur, key, policy_version, fresh, groups, now
+                svc, cur, key, policy_version, fresh, groups, now, run["step"]
             ):
                 answer["wait"] = "longer-waiting-first"  # admission.py: fair turns
         if answer["wait"] in admission.WANTING:
