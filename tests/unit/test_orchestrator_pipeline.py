@@ -222,3 +222,28 @@ def test_the_queues_room_goes_to_the_node_that_waited_longest(orch):
     assert o.assignment(first, 3)["wait"] == "longer-waiting-first"
     got = o.assignment(waiting, 3)  # a moment later, holding the new version too
     assert got["wait"] is None and got["assignment"]["policy_step"] == 3
+
+
+def test_room_is_kept_only_for_a_node_starved_for_steps(orch):
+    """A node turned away that had a file in the last STARVED_STEPS steps keeps no
+    room, though it waited longer: keeping it idles the queue until that node asks
+    again, a cost only a starved node is worth."""
+    o = orch(*FREE)
+    batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
+    served = _workers(o, "s", 2 * batch // per_file)
+    (extra,) = _workers(o, "x", 1)
+    o.clock.t += 1.0
+    o.open_step(3, 2)
+    recent, first, *rest = served[: batch // per_file]
+    keys = [_submit(o, recent, 2)]  # the earliest assignment of all: it waited longest
+    o.clock.t += 0.5
+    keys += [_submit(o, node, 2) for node in [first, *rest]]
+    for node in served[batch // per_file :]:
+        assert o.assignment(node, 2)["wait"] is None
+    o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": 3, "keys": keys})
+    o.clock.t += 30.0
+    o.open_step(4, 3)
+    assert o.assignment(recent, 2)["wait"] == "late-for-its-step"  # had a file at step 3
+    for node in [extra, *rest]:  # all but the last file's room
+        assert o.assignment(node, 3)["wait"] is None
+    assert o.assignment(first, 3)["wait"] is None
