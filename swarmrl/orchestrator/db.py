@@ -73,7 +73,7 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS files_node ON files (node)",
     "CREATE INDEX IF NOT EXISTS files_step ON files (step, counter)",  # the dashboard's reads
     "CREATE INDEX IF NOT EXISTS files_submitted ON files (submitted)",
-    # what the last steps took, read by every ask for work (work.queued_for)
+    # what the last steps took, read by every ask for work (queue.queued_for)
     "CREATE INDEX IF NOT EXISTS files_consumed ON files (consumed_step)",
     "CREATE TABLE IF NOT EXISTS steps (step BIGINT PRIMARY KEY, sampler TEXT NOT NULL,"
     " opened DOUBLE PRECISION NOT NULL)",

@@ -218,7 +218,7 @@ def published(svc: Service, version: int) -> dict:
 
 def trainer_files(svc: Service, step: int) -> dict:
     """Accepted files the trainer may take for `step`, the oldest policy first (the
-    first to go stale; work.queued_for counts on it), then by key."""
+    first to go stale; queue.queued_for counts on it), then by key."""
     now = svc.clock()
     expires = int(now + 600)
     with svc.db.tx() as cur:

@@ -97,7 +97,7 @@ class Service:
     secret: bytes = b""
     upload_times: Recent = field(default_factory=Recent)  # work.py: key -> recent grants
     asked_work: Recent = field(default_factory=Recent)  # admission.py: key -> time
-    # admission.yields_to_longer_waiting: key -> when it last asked for work the queue
+    # turns.yields_to_longer_waiting: key -> when it last asked for work the queue
     # had no room for (or left to a node waiting longer)
     wanting: Recent = field(default_factory=Recent)
     # the dashboard's view of the weights, as this replica saw it (not kept in the database):

@@ -57,7 +57,7 @@ import statistics
 
 import simpy
 
-from swarmrl.orchestrator.work import WORTH_STEPS
+from swarmrl.orchestrator.queue import WORTH_STEPS
 from swarmrl.plan.fluid import Fluid
 from swarmrl.plan.spec import Costs, Outcome, Swarm, Workers
 
@@ -315,7 +315,7 @@ class _Run:
 
     def queued_for(self, policy: int) -> int:
         """The step a file of `policy` assigned now would be taken for, as the
-        orchestrator estimates it (orchestrator/work.py, `queued_for`)."""
+        orchestrator estimates it (orchestrator/queue.py, `queued_for`)."""
         step = self.step
         taken = [self.consumed[k] for k in range(step - WORTH_STEPS, step) if k in self.consumed]
         now, ahead = self.consumed.get(step, 0), self.outstanding()

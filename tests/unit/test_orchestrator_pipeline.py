@@ -1,4 +1,4 @@
-"""Pipelined steps (orchestrator/work.py, `queued_for`): a node gets work when its file
+"""Pipelined steps (orchestrator/queue.py, `queued_for`): a node gets work when its file
 would still be fresh for the step it is queued for, so a node a version behind fills
 the step being collected while the trainer updates, and waits once that step's work is
 out; the trainer takes the oldest policy first."""
@@ -55,7 +55,7 @@ def _submit(o, node, policy: int) -> str:
 
 def test_a_step_is_worth_what_the_last_steps_took(orch):
     """Groups without signal are dropped, so a step takes more than trainer.batch_groups:
-    the estimate follows the least of the last steps' takings (work.WORTH_STEPS)."""
+    the estimate follows the least of the last steps' takings (queue.WORTH_STEPS)."""
     o = orch(*FREE)
     batch, per_file = o.cfg.trainer.batch_groups, o.cfg.worker.groups_per_file
     files_a_step = batch // per_file + 1  # a step that takes a file more than its batch
