@@ -163,7 +163,8 @@ def heartbeat(svc: Service, key: str, policy_version: int | None, want_work: boo
                 answer["wait"] = "enough-work"  # the run's last step has its work
             elif at - policy_version > cfg.async_level:
                 answer["wait"] = "late-for-its-step"  # the work its policy is fresh for is out
-            fresh = queue.fresh_room(svc, cur, run, policy_version)
+            else:  # read only where the node would get work (turns.py)
+                fresh = queue.fresh_room(svc, cur, run, policy_version)
         if answer["wait"] is None and admission.cooldown_left(svc, cur, key, now) > 0:
             answer["wait"] = "cooldown"  # it let assignments expire: admission.py
         groups = cfg.worker.groups_per_file
