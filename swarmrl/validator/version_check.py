@@ -12,6 +12,8 @@ import torch
 from swarmrl.toploc.sampling import check_sampling, sampling_logprobs
 from swarmrl.validator.checks import Context, Reject, all_finite
 
+REPORT_CAP = 1e9  # the largest ratio or t a verdict reports
+
 
 def older_figures(ctx: Context, backend, rows: list[dict]) -> tuple[list[float], list] | None:
     """Each sample's mean absolute difference between its reported log-probs and those of
@@ -116,7 +118,10 @@ def check_version(
     sd = math.sqrt(sum((d - mean_d) ** 2 for d in diff) / max(n - 1, 1))
     t = mean_d / (sd / math.sqrt(n)) if sd > 0 else (math.inf if mean_d > 0 else 0.0)
     share = mean_o / mean_c if mean_c > 0 else (1.0 if mean_o == 0 else math.inf)
-    stats = {"version_error_ratio": share, "version_t": t, "older_logprob_error": mean_o}
+    # reported capped: a verdict is strict JSON (no Infinity); the decision below uses
+    # the values themselves
+    stats = {"version_error_ratio": min(share, REPORT_CAP),
+             "version_t": max(min(t, REPORT_CAP), -REPORT_CAP), "older_logprob_error": mean_o}  # fmt: skip
     if n >= min_samples and not (share >= ratio or t < t_min):  # written so that NaN fails
         raise Reject(
             "version",
