@@ -72,6 +72,7 @@ from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.rollouts import write_rollouts
 from swarmrl.protocol.sampler import SamplerState
 from swarmrl.shardcast.adapter import model_dir
+from swarmrl.shardcast.seed import seed_version_0
 from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.grading import configure as configure_verifiers
 from swarmrl.tasks.sources.task_source import TaskSource
@@ -300,6 +301,7 @@ class WorkerNode:
         self.tokenizer = load_tokenizer(self.cfg.model.path)
         check_turns(environment_of(self.cfg), self.tokenizer, self.backend.eos_id)
         log.info("loaded the base model in %.2fs while version 0 is published", time.time() - t0)
+        seed_version_0(self.cfg, self.weights, self.backend, self.tokenizer)
         self.enlist()
 
     def warm_up(self) -> None:

@@ -79,6 +79,7 @@ from swarmrl.shardcast.announce import POLL_WAIT_S, Announcements, BadBody, BadS
 from swarmrl.shardcast.fastget import FastGet
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.patching import apply_to_held, patch_route
+from swarmrl.shardcast.seed import take_seeded
 from swarmrl.shardcast.servers import ServerPool, ShardcastError
 from swarmrl.shardcast.writer import ShardWriter, open_direct
 
@@ -188,6 +189,9 @@ class Follower(Announcements):
         self._failed_at: dict[int, float] = {}
         self._verified: set[int] = set()  # versions whose signed manifest checked out here
         self.in_flight: int | None = None
+        # version -> a directory of files this node made itself (seed.py): those with the
+        # signed manifest's sha256 are taken instead of fetched; set from any thread
+        self.seeds: dict[int, Path] = {}
 
     # -- main loop ----------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -294,7 +298,11 @@ class Follower(Announcements):
             wanted = [patch.file]
         else:
             wanted = [*manifest.files, *(p.file for p in manifest.patches if self.mirror_patches)]
+        seed = self.seeds.pop(version, None) if patch is None else None
+        seeded = 0
         try:
+            if seed is not None:
+                wanted, seeded = await asyncio.to_thread(take_seeded, manifest, seed, d, wanted)
             await self._fetch_shards(session, manifest, raw, d, wanted)
             if patch is not None:
                 await asyncio.to_thread(apply_to_held, self.local, manifest, patch, d)
@@ -318,16 +326,19 @@ class Follower(Announcements):
             manifest.total_bytes(), patch.base_version if patch else None,
         )  # fmt: skip
         log.info(
-            "version %d: %.1f MB%s in %.2fs (%.2fs after publish); servers %s",
+            "version %d: %.1f MB%s%s in %.2fs (%.2fs after publish); servers %s",
             version,
             fetched.bytes / 1e6,
             f" (patch from {patch.base_version})" if patch else "",
+            f" (and {seeded / 1e6:.1f} MB from the base this node holds)" if seeded else "",
             fetched.seconds,
             fetched.latency_s,
             self.pool.snapshot(),
         )
         if self.on_complete:
             self.on_complete(version)
+        for v in [v for v in self.seeds if v < version]:  # a late joiner's: never needed
+            shutil.rmtree(self.seeds.pop(v), ignore_errors=True)
         for v in self.local.retain():
             if self.on_drop:
                 self.on_drop(v)

@@ -1,0 +1,170 @@
+"""Version 0 from the base a node holds (shardcast/seed.py): the files a worker writes
+from its loaded base are the trainer's version 0 byte for byte, and a follower takes
+the seeded files whose hashes the signed manifest gives and fetches the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from swarmrl.config import load_config
+from swarmrl.inference.engine import make_engine
+from swarmrl.models.loading import load_tokenizer
+from swarmrl.protocol.identity import public_key_hex
+from swarmrl.protocol.manifest import verify_version
+from swarmrl.shardcast.client import Follower
+from swarmrl.shardcast.seed import seed_version_0
+from swarmrl.trainer import loop
+from swarmrl.trainer.ranks import Policy
+from tests.unit.shardcast_util import make_origin, publish, until
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
+
+    d = tmp_path_factory.mktemp("tiny")
+    tok = build_char_tokenizer()
+    build_tiny_model(tok, hidden=64, layers=2, seed=4).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def _digests(d: Path) -> dict[str, str]:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.iterdir())}
+
+
+class _Publisher:
+    """The trainer's publisher, writing at once into one directory."""
+
+    def __init__(self, d: Path):
+        self.d = d
+
+    def submit(self, version, write, done) -> None:
+        self.d.mkdir(parents=True)
+        write(self.d)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["model.publish_dtype=bfloat16"], ["trainer.lora.rank=4"]],
+    ids=["float32", "bfloat16", "lora"],
+)
+def test_the_worker_writes_the_trainers_version_0_byte_for_byte(tmp_path, tiny_dir, overrides):
+    cfg = load_config(
+        None,
+        [f"runs_dir={json.dumps(str(tmp_path / 'runs'))}",
+         f"model.path={json.dumps(str(tiny_dir))}", "trainer.kl_coef=0.0", *overrides],
+    )  # fmt: skip
+    policy = Policy(cfg, 0, 1)
+    first = policy.start(str(tiny_dir))
+    trainer_v0 = tmp_path / "trainer-v0"
+    tokenizer = load_tokenizer(cfg.model.path)
+    loop._publish(_Publisher(trainer_v0), policy.model, first, tokenizer, 0, lambda v: None)
+
+    backend = make_engine(cfg, torch.device("cpu"), name="hf")  # as start_early loads it
+    backend.load(Path(cfg.model.path))
+    follower = SimpleNamespace(local=SimpleNamespace(root=tmp_path / "node" / "weights"), seeds={})
+    weights = SimpleNamespace(follower=follower, newest=lambda: None)
+    seed_version_0(cfg, weights, backend, tokenizer)
+    assert _digests(follower.seeds[0]) == _digests(trainer_v0)
+    # a version is already here: nothing is written
+    again = SimpleNamespace(follower=SimpleNamespace(seeds={}), newest=lambda: 0)
+    seed_version_0(cfg, again, backend, tokenizer)
+    assert again.follower.seeds == {}
+
+
+def test_a_follower_takes_the_seeded_files_that_match_and_fetches_the_rest(tmp_path, key):
+    w, origin = make_origin(tmp_path, key)
+    data0 = publish(w, 0)
+    url = origin.start()
+    pub = public_key_hex(key)
+    seed = tmp_path / "seed-0"
+    seed.mkdir()
+    (seed / "model.safetensors").write_bytes(data0)  # the bytes the manifest signs
+    (seed / "config.json").write_text(json.dumps({"v": 1}))  # not version 0's
+
+    async def main():
+        stop = asyncio.Event()
+        got = []
+        f = Follower([url], pub, tmp_path / "client", on_fetched=got.append)
+        f.seeds[0] = seed
+        task = asyncio.create_task(f.run(stop))
+        await until(lambda: got)
+        stop.set()
+        await task
+        return f, got
+
+    try:
+        f, got = asyncio.run(main())
+    finally:
+        origin.stop()
+    verify_version(f.local.path(0), pub)
+    assert (f.local.path(0) / "model.safetensors").read_bytes() == data0
+    assert json.loads((f.local.path(0) / "config.json").read_text()) == {"v": 0}
+    assert got[0].bytes == len('{"v": 0}')  # only the file that did not match came over
+    assert not seed.exists() and f.seeds == {}
+
+
+def test_a_seed_with_forged_bytes_is_not_taken(tmp_path, key):
+    w, origin = make_origin(tmp_path, key)
+    data0 = publish(w, 0)
+    url = origin.start()
+    pub = public_key_hex(key)
+    seed = tmp_path / "seed-0"
+    seed.mkdir()
+    forged = bytearray(data0)
+    forged[12345] ^= 1  # the right size, one bit off
+    (seed / "model.safetensors").write_bytes(bytes(forged))
+
+    async def main():
+        stop = asyncio.Event()
+        got = []
+        f = Follower([url], pub, tmp_path / "client", on_fetched=got.append)
+        f.seeds[0] = seed
+        task = asyncio.create_task(f.run(stop))
+        await until(lambda: got)
+        stop.set()
+        await task
+        return f, got
+
+    try:
+        f, got = asyncio.run(main())
+    finally:
+        origin.stop()
+    assert (f.local.path(0) / "model.safetensors").read_bytes() == data0
+    assert got[0].bytes == len(data0) + len('{"v": 0}')
+
+
+def test_a_late_joiners_seed_is_dropped_once_a_newer_version_is_in(tmp_path, key):
+    w, origin = make_origin(tmp_path, key)
+    publish(w, 0)
+    publish(w, 1)
+    url = origin.start()
+    seed = tmp_path / "seed-0"
+    seed.mkdir()
+    (seed / "model.safetensors").write_bytes(b"base")
+
+    async def main():
+        stop = asyncio.Event()
+        got = []
+        f = Follower([url], public_key_hex(key), tmp_path / "client", on_fetched=got.append)
+        f.seeds[0] = seed
+        task = asyncio.create_task(f.run(stop))
+        await until(lambda: got)
+        stop.set()
+        await task
+        return f, got
+
+    try:
+        f, got = asyncio.run(main())
+    finally:
+        origin.stop()
+    assert [g.version for g in got] == [1] and f.local.versions() == [1]
+    assert f.seeds == {} and not seed.exists()
