@@ -1,6 +1,6 @@
 """Does the open swarm learn as well as one process? The default task and budget (make
 run: SmolLM2-135M-Instruct, 2-digit addition, 14 steps of 4 groups of 8, the first of
-2, 432 samples trained on) run by a swarm of strangers on an emulated network, scored the way `make
+1, 424 samples trained on) run by a swarm of strangers on an emulated network, scored the way `make
 run` is scored (200 held-out 2-digit sums, greedy, exact answers, before and after),
 beside `make run`'s gain at the same seed.
 
