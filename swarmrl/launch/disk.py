@@ -5,7 +5,9 @@ Every process of a local swarm keeps its own copies of the policy's versions
 `final/`, each relay `async_level + 1`, each validator `async_level + 2`, each
 worker `shardcast.keep_local`; the trainer keeps `async_level + 1` states, each
 with AdamW's two moments (and the master weights when versions are published in
-a lower precision). A SmolLM2-135M run takes about 12 GB. A disk that fills up
+a lower precision). A SmolLM2-135M run takes about 12 GB. With adapter versions
+(`trainer.lora`) every holder keeps one whole version (0) and each node its merged
+copies (shardcast/adapter.py). A disk that fills up
 mid-run kills processes half-way through a write; `launch` refuses to start
 instead, naming the figures.
 """
@@ -20,6 +22,7 @@ import torch
 
 from swarmrl.config.run import RunConfig
 from swarmrl.errors import LaunchError
+from swarmrl.shardcast.adapter import KEEP_MERGED
 
 HEADROOM = 1.2  # a version being downloaded beside those kept, patches, rollouts, logs
 
@@ -69,6 +72,17 @@ def disk_need(
         published_dtype = getattr(torch, cfg.model.dtype if name == "auto" else name)
     published = published_dtype.itemsize
     held = cfg.async_level + 1
+    if cfg.trainer.lora.rank:
+        # adapter versions: version 0 is the one whole copy a holder keeps (the adapters
+        # and their optimizer state are a few MB, under the headroom); a node runs each
+        # adapter merged into it, keeping KEEP_MERGED merged directories of its own
+        versions = 2  # the trainer's version 0 and final/
+        nodes = validators + workers
+        if cfg.shardcast.enabled:
+            versions += relays + nodes * (1 + KEEP_MERGED)
+        else:
+            versions += nodes * KEEP_MERGED
+        return DiskNeed(version_bytes=elements * published, versions=versions, state_bytes=0)
     versions = held + 1  # the trainer's weights/ and final/
     if cfg.shardcast.enabled:
         versions += relays * held + validators * (held + 1) + workers * cfg.shardcast.keep_local

@@ -37,7 +37,7 @@ log = logging.getLogger("swarmrl.shardcast")
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 MERGED = ".merged"
-_KEEP_MERGED = 2
+KEEP_MERGED = 2  # merged directories a process keeps (launch/disk.py counts them)
 _PREFIX = "base_model.model."  # peft's name for the adapted model's root
 
 _base_checked: dict[tuple, bool] = {}  # base directories verified by this process
@@ -163,7 +163,7 @@ def _tidy(root: Path, newest: Path) -> None:
         elif not pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
     mine.sort(key=lambda d: d.name)
-    for d in mine[:-_KEEP_MERGED]:
+    for d in mine[:-KEEP_MERGED]:
         if d != newest:
             shutil.rmtree(d, ignore_errors=True)
     return True

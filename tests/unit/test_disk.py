@@ -32,6 +32,12 @@ def test_the_need_counts_every_copy_and_the_trainer_state():
     # without SHARDCAST the other processes read the trainer's versions: no copies
     local = load_config(None, ["shardcast.enabled=false"])
     assert disk.disk_need(local, 1000, 1, 1, 2).versions == 3 + 1
+    # adapter versions: one whole version (0) per holder, and each node's two merged
+    # copies; no whole-model optimizer state
+    lora = disk.disk_need(load_config(None, ["trainer.lora.rank=4"]), 1000, 3, 2, 9)
+    assert lora.versions == 2 + 3 + (2 + 9) * 3 and lora.state_bytes == 0
+    local_lora = load_config(None, ["trainer.lora.rank=4", "shardcast.enabled=false"])
+    assert disk.disk_need(local_lora, 1000, 3, 2, 9).versions == 2 + (2 + 9) * 2
 
 
 def test_a_swarm_without_room_is_refused_with_the_figures(tmp_path, monkeypatch):
