@@ -72,7 +72,7 @@ from swarmrl.protocol.identity import load_or_create_key, public_key_hex
 from swarmrl.protocol.rollouts import write_rollouts
 from swarmrl.protocol.sampler import SamplerState
 from swarmrl.shardcast.adapter import model_dir
-from swarmrl.shardcast.seed import seed_version_0
+from swarmrl.shardcast.seed import drop_seed, expect_seed, seed_version_0
 from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.grading import configure as configure_verifiers
 from swarmrl.tasks.sources.task_source import TaskSource
@@ -293,9 +293,11 @@ class WorkerNode:
             return
         try:
             resolve_model_path(self.cfg.model.path)
+            expect_seed(self.weights)  # version 0 waits for the files made from the base
             t0 = time.time()
             self.backend.load(Path(self.cfg.model.path))
         except (ModelLoadError, OSError) as e:  # recovered: version 0 loads it instead
+            drop_seed(self.weights)
             log.info("base model not loaded before version 0 (%s)", e)
             return
         self.tokenizer = load_tokenizer(self.cfg.model.path)

@@ -16,7 +16,11 @@ def queued_for(svc: Service, cur, run: dict, policy: int, node: str | None = Non
     taken, and every group out: open assignments and files on their way, of proven
     nodes and of nodes on probation). A step's worth is the least of what the last
     `WORTH_STEPS` steps took (groups without signal included: a step takes more when
-    fewer have signal), or trainer.batch_groups before any step was taken; the least,
+    fewer have signal), or trainer.batch_groups before any step was taken (with a
+    smaller first batch, what the first step took scaled to the batch until a whole
+    step was taken: at a 4% signal share a step takes about 100 groups, and an estimate
+    of 4 let out one file at a time, so that the 9-worker SmolLM2 swarm waited minutes
+    for its second step); the least,
     as a step that takes less than the estimate leaves the files queued behind it for
     the next, where a file of the oldest usable version is stale. Eight, not three: a
     step's take is noisy (16 to 22 groups at a 16-group batch), and after three steps
@@ -48,11 +52,18 @@ def _queue(svc: Service, cur, run: dict) -> tuple[int, int, int, int]:
             (step - WORTH_STEPS, step),
         ).fetchall()
     )
-    # a smaller first batch (trainer.first_batch_groups) is no step's worth
-    first = 2 if cfg.trainer.batch_for(1) != cfg.trainer.batch_groups else 1
+    # a smaller first batch (trainer.first_batch_groups) is no step's worth; until a
+    # whole step was taken, it says what one is worth scaled to the batch
+    first_batch, batch = cfg.trainer.batch_for(1), cfg.trainer.batch_groups
+    first = 2 if first_batch != batch else 1
     recent = [int(taken[k]) for k in range(max(step - WORTH_STEPS, first), step) if k in taken]
     now = int(taken.get(step, 0))
-    per_step = min(recent) if recent else cfg.trainer.batch_groups
+    if recent:
+        per_step = min(recent)
+    elif first == 2 and step > 1 and 1 in taken:
+        per_step = -(-int(taken[1]) * batch // first_batch)
+    else:
+        per_step = batch
     return step, now, ahead, max(per_step, now + 1 if now > per_step else 1)
 
 

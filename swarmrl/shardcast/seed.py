@@ -26,6 +26,25 @@ from swarmrl.protocol.manifest import FileEntry, Manifest
 log = logging.getLogger("swarmrl.shardcast.seed")
 
 READ = 8 << 20
+# how long a follower waits for the files of a node still loading its base before it
+# fetches version 0 (a quarter of a core took 140 s to load SmolLM2 and write them)
+SEED_WAIT_S = 300.0
+
+
+def expect_seed(weights) -> None:
+    """Before the base is loaded: tell `weights`' follower that version 0's files are
+    being made here, so that it waits for them (at most SEED_WAIT_S) instead of
+    fetching version 0 meanwhile. `seed_version_0` ends the wait, with files or without."""
+    follower = getattr(weights, "follower", None)
+    if follower is not None and weights.newest() is None:
+        follower.seeds.setdefault(0, None)
+
+
+def drop_seed(weights) -> None:
+    """No files are coming (the base could not be loaded): the follower waits no more."""
+    follower = getattr(weights, "follower", None)
+    if follower is not None and 0 in follower.seeds and follower.seeds[0] is None:
+        follower.seeds.pop(0, None)
 
 
 def write_base_version(model, tokenizer, d: Path, dtype) -> None:
@@ -87,6 +106,13 @@ def seed_version_0(cfg, weights, backend, tokenizer) -> None:
     module) for `weights`' follower to take. The files are written in
     `model.publish_dtype`, or where that is auto in `model.dtype` (a CPU trainer's; a
     GPU trainer publishes bfloat16, whose files then do not match and are fetched)."""
+    try:
+        _seed_version_0(cfg, weights, backend, tokenizer)
+    finally:
+        drop_seed(weights)
+
+
+def _seed_version_0(cfg, weights, backend, tokenizer) -> None:
     follower = getattr(weights, "follower", None)
     if follower is None or weights.newest() is not None:
         return
@@ -107,6 +133,9 @@ def seed_version_0(cfg, weights, backend, tokenizer) -> None:
         write_base_version(model, tokenizer, d, dtype)
     except OSError as e:  # recovered: version 0 is downloaded instead
         log.warning("version 0 not written from the base (%s); it will be downloaded", e)
+        shutil.rmtree(d, ignore_errors=True)
+        return
+    if 0 in follower.local.versions():  # fetched meanwhile (the wait ran out)
         shutil.rmtree(d, ignore_errors=True)
         return
     follower.seeds[0] = d

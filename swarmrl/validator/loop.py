@@ -37,7 +37,7 @@ from swarmrl.protocol.identity import load_or_create_key
 from swarmrl.protocol.rollouts import sha256
 from swarmrl.protocol.verdict import Verdict
 from swarmrl.shardcast.adapter import model_dir
-from swarmrl.shardcast.seed import seed_version_0
+from swarmrl.shardcast.seed import expect_seed, seed_version_0
 from swarmrl.shardcast.source import open_weights_source
 from swarmrl.tasks.graders.custom import check_pin, reward_fingerprint
 from swarmrl.tasks.grading import configure as configure_verifiers
@@ -333,6 +333,7 @@ def run_validator(cfg: RunConfig, index: int) -> None:
     )
     device = resolve_device(cfg.validator.device, "validator.device")
     backend = make_engine(cfg, device, prefill=True)
+    expect_seed(weights)  # version 0 waits for the files made from the base, below
     backend.load(Path(cfg.model.path))  # architecture and tokenizer ids; versions swap in
     seed_version_0(cfg, weights, backend, load_tokenizer(cfg.model.path))  # not downloaded
     judge = Judge(cfg, backend, weights, key, lambda: make_engine(cfg, device, prefill=True))

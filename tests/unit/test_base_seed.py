@@ -19,7 +19,7 @@ from swarmrl.models.loading import load_tokenizer
 from swarmrl.protocol.identity import public_key_hex
 from swarmrl.protocol.manifest import verify_version
 from swarmrl.shardcast.client import Follower
-from swarmrl.shardcast.seed import seed_version_0
+from swarmrl.shardcast.seed import drop_seed, expect_seed, seed_version_0
 from swarmrl.trainer import loop
 from swarmrl.trainer.ranks import Policy
 from tests.unit.shardcast_util import make_origin, publish, until
@@ -70,7 +70,8 @@ def test_the_worker_writes_the_trainers_version_0_byte_for_byte(tmp_path, tiny_d
 
     backend = make_engine(cfg, torch.device("cpu"), name="hf")  # as start_early loads it
     backend.load(Path(cfg.model.path))
-    follower = SimpleNamespace(local=SimpleNamespace(root=tmp_path / "node" / "weights"), seeds={})
+    local = SimpleNamespace(root=tmp_path / "node" / "weights", versions=list)
+    follower = SimpleNamespace(local=local, seeds={})
     weights = SimpleNamespace(follower=follower, newest=lambda: None)
     seed_version_0(cfg, weights, backend, tokenizer)
     assert _digests(follower.seeds[0]) == _digests(trainer_v0)
@@ -168,3 +169,42 @@ def test_a_late_joiners_seed_is_dropped_once_a_newer_version_is_in(tmp_path, key
         origin.stop()
     assert [g.version for g in got] == [1] and f.local.versions() == [1]
     assert f.seeds == {} and not seed.exists()
+
+
+def test_a_follower_waits_for_files_still_being_made(tmp_path, key):
+    """A node loading its base marks version 0's files as coming (`expect_seed`): the
+    follower waits for them instead of downloading the version meanwhile, then takes
+    them; where none come (`drop_seed`), it fetches the version at once."""
+    w, origin = make_origin(tmp_path, key)
+    data0 = publish(w, 0)
+    url = origin.start()
+    pub = public_key_hex(key)
+
+    async def follow(make_seed):
+        stop = asyncio.Event()
+        got = []
+        f = Follower([url], pub, tmp_path / f"client-{make_seed}", on_fetched=got.append)
+        weights = SimpleNamespace(follower=f, newest=f.local.newest)
+        expect_seed(weights)
+        task = asyncio.create_task(f.run(stop))
+        await asyncio.sleep(1.0)  # the manifest is there long before this
+        assert not got and f.local.versions() == []
+        if make_seed:
+            seed = tmp_path / "seed-0"
+            seed.mkdir()
+            (seed / "model.safetensors").write_bytes(data0)
+            f.seeds[0] = seed
+        else:
+            drop_seed(weights)
+        await until(lambda: got)
+        stop.set()
+        await task
+        return got[0]
+
+    try:
+        seeded = asyncio.run(follow(True))
+        fetched = asyncio.run(follow(False))
+    finally:
+        origin.stop()
+    assert seeded.bytes == len('{"v": 0}')
+    assert fetched.bytes == len(data0) + len('{"v": 0}')

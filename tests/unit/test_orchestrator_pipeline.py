@@ -90,6 +90,24 @@ def test_a_smaller_first_batch_is_no_steps_worth(orch):
     assert o.cfg.trainer.batch_for(1) == 1 and o.cfg.trainer.batch_for(2) == batch
 
 
+def test_the_first_steps_take_scaled_to_the_batch_is_the_worth_until_a_step_is_taken(orch):
+    """The first step trained on one group with signal and took 2 files for it: until a
+    whole step is taken, a step is worth 2 files x the batch (groups with little signal
+    are many), so the second step's work goes out to that many nodes at once; with the
+    batch as the estimate only one file's worth would (the swarm waited minutes)."""
+    o = orch(*FREE, "trainer.first_batch_groups=1")
+    worth_files = 2 * o.cfg.trainer.batch_groups  # 2 files' groups x the batch / 1, in files
+    nodes = _workers(o, "w", 2 * worth_files + 1)
+    o.open_step(1, 0)
+    keys = [_submit(o, node, 0) for node in nodes[:2]]
+    o.ok(o.trainer, "POST", "/v1/trainer/consume", {"step": 1, "keys": keys})
+    o.open_step(2, 1)
+    # version 1 is fresh for steps 2 and 3: two steps' worth of files
+    room = 2 * worth_files
+    assert [o.assignment(n, 1)["wait"] for n in nodes[:room]] == [None] * room
+    assert o.assignment(nodes[room], 1)["wait"] is not None  # the two steps are full
+
+
 def test_the_trainer_takes_the_oldest_policy_first(orch):
     o = orch(*FREE)
     o.open_step(3, 2)
