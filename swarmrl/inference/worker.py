@@ -286,7 +286,8 @@ class WorkerNode:
         the engine from the run's base model when this node holds it (`model.path`),
         measure the hardware on it and register. Version 0, once fetched and verified,
         is then a weights swap into a loaded engine (`after_load`, a simulated cheater's
-        seam, runs after that load as after every other). Nothing is generated from
+        seam, runs after the base's load, before the warm-up that uses it, and after
+        every other). Nothing is generated from
         weights the trainer did not sign: work is asked for only with a verified version
         loaded. Skipped where the base is not here."""
         if self.weights.newest() is not None:
@@ -303,7 +304,9 @@ class WorkerNode:
         self.tokenizer = load_tokenizer(self.cfg.model.path)
         check_turns(environment_of(self.cfg), self.tokenizer, self.backend.eos_id)
         log.info("loaded the base model in %.2fs while version 0 is published", time.time() - t0)
-        seed_version_0(self.cfg, self.weights, self.backend, self.tokenizer)
+        seed_version_0(self.cfg, self.weights, self.backend, self.tokenizer)  # the base as is
+        if self.after_load is not None:  # the seam runs after every load, this one too
+            self.after_load(self.backend)
         self.enlist()
 
     def warm_up(self) -> None:
