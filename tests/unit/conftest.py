@@ -1,10 +1,23 @@
-"""Unit-test fixtures (`orch`: the orchestrator tests' in-process orchestrator)."""
+"""Unit-test fixtures (`orch`: the orchestrator tests' in-process orchestrator; `tiny_dir`:
+a tiny model on disk)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.unit.orch_util import Orch, new_pg_database, postgres_url  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny model directory (hidden 64, 2 layers) with its character tokenizer."""
+    from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
+
+    d = tmp_path_factory.mktemp("tiny")
+    tok = build_char_tokenizer()
+    build_tiny_model(tok, hidden=64, layers=2, seed=4).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
 
 
 @pytest.fixture

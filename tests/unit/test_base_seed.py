@@ -25,17 +25,6 @@ from swarmrl.trainer.ranks import Policy
 from tests.unit.shardcast_util import make_origin, publish, until
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
-
-    d = tmp_path_factory.mktemp("tiny")
-    tok = build_char_tokenizer()
-    build_tiny_model(tok, hidden=64, layers=2, seed=4).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
 def _digests(d: Path) -> dict[str, str]:
     return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.iterdir())}
 
@@ -49,6 +38,37 @@ class _Publisher:
     def submit(self, version, write, done) -> None:
         self.d.mkdir(parents=True)
         write(self.d)
+
+
+def _follow(tmp_path, key, versions: int, seed_files):
+    """An origin holding versions 0 to `versions` - 1 (`publish`), and a follower whose
+    version 0 is seeded with `seed_files(version 0's model bytes)` (name -> bytes), run
+    until it installs a version: the follower, what it fetched, version 0's model bytes
+    and the seed directory."""
+    w, origin = make_origin(tmp_path, key)
+    data = [publish(w, v) for v in range(versions)]
+    url = origin.start()
+    seed = tmp_path / "seed-0"
+    seed.mkdir()
+    for name, content in seed_files(data[0]).items():
+        (seed / name).write_bytes(content)
+
+    async def main():
+        stop = asyncio.Event()
+        got = []
+        f = Follower([url], public_key_hex(key), tmp_path / "client", on_fetched=got.append)
+        f.seeds[0] = seed
+        task = asyncio.create_task(f.run(stop))
+        await until(lambda: got)
+        stop.set()
+        await task
+        return f, got
+
+    try:
+        f, got = asyncio.run(main())
+    finally:
+        origin.stop()
+    return f, got, data[0], seed
 
 
 @pytest.mark.parametrize(
@@ -82,31 +102,14 @@ def test_the_worker_writes_the_trainers_version_0_byte_for_byte(tmp_path, tiny_d
 
 
 def test_a_follower_takes_the_seeded_files_that_match_and_fetches_the_rest(tmp_path, key):
-    w, origin = make_origin(tmp_path, key)
-    data0 = publish(w, 0)
-    url = origin.start()
-    pub = public_key_hex(key)
-    seed = tmp_path / "seed-0"
-    seed.mkdir()
-    (seed / "model.safetensors").write_bytes(data0)  # the bytes the manifest signs
-    (seed / "config.json").write_text(json.dumps({"v": 1}))  # not version 0's
-
-    async def main():
-        stop = asyncio.Event()
-        got = []
-        f = Follower([url], pub, tmp_path / "client", on_fetched=got.append)
-        f.seeds[0] = seed
-        task = asyncio.create_task(f.run(stop))
-        await until(lambda: got)
-        stop.set()
-        await task
-        return f, got
-
-    try:
-        f, got = asyncio.run(main())
-    finally:
-        origin.stop()
-    verify_version(f.local.path(0), pub)
+    f, got, data0, seed = _follow(
+        tmp_path, key, 1,
+        lambda data0: {
+            "model.safetensors": data0,  # the bytes the manifest signs
+            "config.json": json.dumps({"v": 1}).encode(),  # not version 0's
+        },
+    )  # fmt: skip
+    verify_version(f.local.path(0), public_key_hex(key))
     assert (f.local.path(0) / "model.safetensors").read_bytes() == data0
     assert json.loads((f.local.path(0) / "config.json").read_text()) == {"v": 0}
     assert got[0].bytes == len('{"v": 0}')  # only the file that did not match came over
@@ -114,59 +117,18 @@ def test_a_follower_takes_the_seeded_files_that_match_and_fetches_the_rest(tmp_p
 
 
 def test_a_seed_with_forged_bytes_is_not_taken(tmp_path, key):
-    w, origin = make_origin(tmp_path, key)
-    data0 = publish(w, 0)
-    url = origin.start()
-    pub = public_key_hex(key)
-    seed = tmp_path / "seed-0"
-    seed.mkdir()
-    forged = bytearray(data0)
-    forged[12345] ^= 1  # the right size, one bit off
-    (seed / "model.safetensors").write_bytes(bytes(forged))
+    def forged(data0: bytes) -> dict:
+        one_bit_off = bytearray(data0)  # the right size, one bit off
+        one_bit_off[12345] ^= 1
+        return {"model.safetensors": bytes(one_bit_off)}
 
-    async def main():
-        stop = asyncio.Event()
-        got = []
-        f = Follower([url], pub, tmp_path / "client", on_fetched=got.append)
-        f.seeds[0] = seed
-        task = asyncio.create_task(f.run(stop))
-        await until(lambda: got)
-        stop.set()
-        await task
-        return f, got
-
-    try:
-        f, got = asyncio.run(main())
-    finally:
-        origin.stop()
+    f, got, data0, _ = _follow(tmp_path, key, 1, forged)
     assert (f.local.path(0) / "model.safetensors").read_bytes() == data0
     assert got[0].bytes == len(data0) + len('{"v": 0}')
 
 
 def test_a_late_joiners_seed_is_dropped_once_a_newer_version_is_in(tmp_path, key):
-    w, origin = make_origin(tmp_path, key)
-    publish(w, 0)
-    publish(w, 1)
-    url = origin.start()
-    seed = tmp_path / "seed-0"
-    seed.mkdir()
-    (seed / "model.safetensors").write_bytes(b"base")
-
-    async def main():
-        stop = asyncio.Event()
-        got = []
-        f = Follower([url], public_key_hex(key), tmp_path / "client", on_fetched=got.append)
-        f.seeds[0] = seed
-        task = asyncio.create_task(f.run(stop))
-        await until(lambda: got)
-        stop.set()
-        await task
-        return f, got
-
-    try:
-        f, got = asyncio.run(main())
-    finally:
-        origin.stop()
+    f, got, _, seed = _follow(tmp_path, key, 2, lambda _: {"model.safetensors": b"base"})
     assert [g.version for g in got] == [1] and f.local.versions() == [1]
     assert f.seeds == {} and not seed.exists()
 

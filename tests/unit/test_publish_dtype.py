@@ -17,17 +17,6 @@ from swarmrl.trainer.batch import Sample
 from swarmrl.trainer.ranks import Policy, publish_dtype
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from swarmrl.models.tiny import build_char_tokenizer, build_tiny_model
-
-    d = tmp_path_factory.mktemp("tiny")
-    tok = build_char_tokenizer()
-    build_tiny_model(tok, hidden=64, layers=2, seed=4).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
 def _cfg(tmp_path, model_dir, *overrides):
     return load_config(
         None,
