@@ -79,7 +79,7 @@ from swarmrl.shardcast.announce import POLL_WAIT_S, Announcements, BadBody, BadS
 from swarmrl.shardcast.fastget import FastGet
 from swarmrl.shardcast.local import LocalWeights
 from swarmrl.shardcast.patching import apply_to_held, patch_route
-from swarmrl.shardcast.seed import SEED_WAIT_S, take_seeded
+from swarmrl.shardcast.seed import seed_for, take_seeded
 from swarmrl.shardcast.servers import ServerPool, ShardcastError
 from swarmrl.shardcast.writer import ShardWriter, open_direct
 
@@ -299,7 +299,7 @@ class Follower(Announcements):
             wanted = [patch.file]
         else:
             wanted = [*manifest.files, *(p.file for p in manifest.patches if self.mirror_patches)]
-        seed = await self._seed_for(version) if patch is None else None
+        seed = await seed_for(self.seeds, version) if patch is None else None
         seeded = 0
         try:
             if seed is not None:
@@ -346,14 +346,6 @@ class Follower(Announcements):
         if self.on_fetched:
             self.on_fetched(fetched)
         return True
-
-    async def _seed_for(self, version: int) -> Path | None:
-        """The directory of `version`'s files made on this node (seed.py), once they are
-        written if they are being written (at most SEED_WAIT_S); None without one."""
-        deadline = time.monotonic() + SEED_WAIT_S
-        while self.seeds.get(version, 0) is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        return self.seeds.pop(version, None)
 
     async def _fetch_manifest(
         self, session: aiohttp.ClientSession, version: int, give_up: bool = True

@@ -72,6 +72,17 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+async def seed_for(seeds: dict, version: int) -> Path | None:
+    """The directory of `version`'s files made on this node (a follower's `seeds`), once
+    they are written if they are being written (at most SEED_WAIT_S); None without one."""
+    import asyncio
+
+    deadline = time.monotonic() + SEED_WAIT_S
+    while seeds.get(version, 0) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return seeds.pop(version, None)
+
+
 def take_seeded(
     manifest: Manifest, seed: Path, d: Path, wanted: list[FileEntry]
 ) -> tuple[list[FileEntry], int]:
